@@ -1,0 +1,93 @@
+"""The mitmproxy addon: hands each HTTP flow to the gateway and answers it from the proxy.
+
+Configured entirely through mitmproxy options (`--set polar_upstream=…`), so `mitmdump -s
+addons/polar_gateway.py`, `mitmweb -s …` and `polar proxy` run the very same code. Flows carry
+the session, provider and token counts (`flow.metadata["polar"]`, the flow comment) so mitmweb
+shows them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from mitmproxy import ctx, http
+
+from polar.capture.store import CaptureStore
+from polar.gateway import Gateway, GatewayRequest
+from polar.upstream.vllm_chat import VLLMChat
+
+log = logging.getLogger("polar.addon")
+
+_GATEWAY_OPTIONS = {
+    "polar_upstream", "polar_upstream_model", "polar_upstream_key", "polar_upstream_timeout",
+    "polar_db", "polar_db_sync", "polar_max_body", "polar_model_aliases",
+}  # fmt: skip
+
+
+class PolarAddon:
+    def __init__(self) -> None:
+        self.gateway: Gateway | None = None
+        self._retired: list = []
+
+    def load(self, loader) -> None:
+        loader.add_option("polar_upstream", str, "http://127.0.0.1:8000", "Base URL of the vLLM server.")
+        loader.add_option("polar_upstream_model", str, "", "Served model name at the upstream ('' = ask its /v1/models).")
+        loader.add_option("polar_upstream_key", str, "", "API key polar sends to the upstream (never the client's).")
+        loader.add_option("polar_upstream_timeout", float, 600.0, "Seconds to wait for one upstream answer.")
+        loader.add_option("polar_db", str, "captures.db", "SQLite file that receives one row per model call.")
+        loader.add_option(
+            "polar_db_sync", str, "FULL", "SQLite synchronous mode for captures.", choices=["FULL", "NORMAL"]
+        )
+        loader.add_option("polar_max_body", int, 64 * 1024 * 1024, "Largest request body accepted, in bytes.")
+        loader.add_option("polar_model_aliases", Sequence[str], [], "Extra model names listed on GET …/models.")
+
+    def configure(self, updated: set[str]) -> None:
+        if self.gateway is not None and not (updated & _GATEWAY_OPTIONS):
+            return
+        opts = ctx.options
+        if self.gateway is not None:
+            self._retired.append(self.gateway)
+        store = CaptureStore(opts.polar_db, synchronous=opts.polar_db_sync)
+        interrupted = store.mark_interrupted()
+        if interrupted:
+            log.warning("marked %d calls from an earlier run as interrupted", interrupted)
+        backend = VLLMChat(
+            opts.polar_upstream,
+            model=opts.polar_upstream_model or None,
+            api_key=opts.polar_upstream_key or None,
+            timeout=opts.polar_upstream_timeout,
+        )
+        self.gateway = Gateway(store, backend, max_body_bytes=opts.polar_max_body, model_aliases=list(opts.polar_model_aliases))
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or self.gateway is None:
+            return
+        req = flow.request
+        try:
+            body = req.get_content(strict=False) or b""
+        except ValueError:  # undecodable content-encoding: hand over the raw bytes
+            body = req.raw_content or b""
+        peer = flow.client_conn.peername
+        out = await self.gateway.handle(
+            GatewayRequest(
+                method=req.method,
+                path=req.path.split("?", 1)[0],
+                query=dict(req.query),
+                headers={k.lower(): v for k, v in req.headers.items()},
+                body=body,
+                client_addr=peer[0] if peer else None,
+            )
+        )
+        flow.response = http.Response.make(out.reply.status, out.reply.body, out.reply.headers)
+        flow.metadata["polar"] = out.meta
+        if "call_id" in out.meta:
+            flow.comment = " ".join(
+                f"{k}={out.meta[k]}" for k in ("session", "provider", "prompt_tokens", "completion_tokens") if k in out.meta
+            )
+
+    async def done(self) -> None:
+        for gateway in [*self._retired, self.gateway]:
+            if gateway is not None:
+                await gateway.backend.aclose()
+                gateway.store.close()

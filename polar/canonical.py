@@ -1,0 +1,152 @@
+"""The one chat request and result every provider format is normalised into.
+
+Providers translate *into* `ChatRequest` and *out of* `ChatResult`; the upstream backends
+only ever see these types. Keeping this vocabulary small is what lets four wire formats
+share one pipeline, one capture schema and one token-faithful prompt builder.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Model):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImagePart(_Model):
+    """An image given inline (base64 `data` + `media_type`) or by `url`."""
+
+    type: Literal["image"] = "image"
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+
+Part = Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]
+
+
+class ToolCall(_Model):
+    id: str
+    name: str
+    # The arguments exactly as the model produced them (a JSON text). Kept as a string so that
+    # compact/spaced JSON written by the model is never re-serialised on its way back.
+    arguments: str = "{}"
+
+    def arguments_obj(self) -> Any:
+        """Arguments as a JSON value; text that is not JSON comes back as {"_raw": text}."""
+        try:
+            return json.loads(self.arguments) if self.arguments.strip() else {}
+        except json.JSONDecodeError:
+            return {"_raw": self.arguments}
+
+
+class Reasoning(_Model):
+    """A thinking block. `signature` is the provider-opaque token the client must send back."""
+
+    text: str = ""
+    signature: str | None = None
+    redacted: bool = False  # Anthropic redacted_thinking: `text` holds the opaque data
+
+
+class Message(_Model):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: list[Part] = Field(default_factory=list)
+    # assistant only
+    reasoning: list[Reasoning] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    # tool only
+    tool_call_id: str | None = None
+    name: str | None = None
+    is_error: bool = False
+
+    def text(self) -> str:
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    def reasoning_text(self) -> str:
+        return "".join(r.text for r in self.reasoning if not r.redacted)
+
+
+class Tool(_Model):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ToolChoice(_Model):
+    mode: Literal["auto", "none", "required", "tool"] = "auto"
+    name: str | None = None  # with mode="tool"
+
+
+class Sampling(_Model):
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+
+class Thinking(_Model):
+    """Whether the client asked for reasoning. None = the client said nothing (model default)."""
+
+    enabled: bool | None = None
+    budget_tokens: int | None = None
+    effort: str | None = None
+
+
+class ChatRequest(_Model):
+    model: str
+    messages: list[Message]
+    tools: list[Tool] = Field(default_factory=list)
+    tool_choice: ToolChoice = Field(default_factory=ToolChoice)
+    parallel_tool_calls: bool | None = None
+    sampling: Sampling = Field(default_factory=Sampling)
+    thinking: Thinking = Field(default_factory=Thinking)
+    stream: bool = False
+    # JSON schema the answer must follow (OpenAI response_format / Gemini responseJsonSchema).
+    response_schema: dict[str, Any] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "content_filter"]
+
+
+class Usage(_Model):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class ChatResult(_Model):
+    """One sampled assistant turn, with the token-level truth behind it."""
+
+    id: str
+    model: str
+    created: int
+    content: str = ""
+    reasoning: Reasoning | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    finish_reason: FinishReason = "stop"
+    stop_sequence: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    completion_token_ids: list[int] = Field(default_factory=list)
+    completion_logprobs: list[float] = Field(default_factory=list)
+    # Weight version that produced the sample, when the upstream reports one.
+    policy_version: int | str | None = None

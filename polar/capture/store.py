@@ -1,0 +1,285 @@
+"""The capture store: one SQLite row per model call, durable before the client sees the answer.
+
+One writer thread owns the write connection and commits in groups: under load many calls
+share one fsync, at rest each call gets its own. Callers on the event loop enqueue work and
+await a future that resolves once the transaction holding it has committed. A row is written
+`pending` when the call arrives and completed when it ends, so a crash leaves the calls that
+were in flight visible as such (`mark_interrupted` on the next start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sqlite_utils
+
+from polar.capture.tokens import PrefixIndex, pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
+
+SCHEMA: dict[str, Any] = {
+    "id": int,
+    "call_id": str,  # public id: providers derive their response ids from it
+    "session_id": str,
+    "provider": str,
+    "endpoint": str,
+    "path": str,
+    "model": str,  # as the client asked
+    "upstream_model": str,
+    "stream": int,
+    "status": str,  # pending | ok | error | interrupted
+    "http_status": int,
+    "error_kind": str,
+    "error": str,
+    "client": str,
+    "key_hash": str,  # salted hash of the client's API key; the key itself is never stored
+    "request_headers": str,
+    "request_body": bytes,
+    "canonical": str,  # the canonical request (JSON)
+    "result": str,  # the canonical result without token arrays (JSON)
+    "response_body": bytes,
+    "prompt_parent": int,  # row whose prompt+completion holds the first prompt_prefix_len ids
+    "prompt_prefix_len": int,
+    "prompt_suffix": bytes,
+    "prompt_len": int,
+    "completion_ids": bytes,
+    "completion_logprobs": bytes,
+    "completion_len": int,
+    "finish_reason": str,
+    "policy_version": str,
+    "prompt_mode": str,  # how the prompt was built (chat-template | token-faithful …)
+    "t_start": float,
+    "t_upstream": float,  # seconds spent waiting for the upstream
+    "t_end": float,
+}
+
+_STOP = object()
+_EMPTY = np.zeros(0, dtype="<u4")
+
+
+class CaptureStore:
+    def __init__(self, path: str | Path, synchronous: str = "FULL", max_batch: int = 256):
+        self.path = str(path)
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._max_batch = max_batch
+        self.prefixes = PrefixIndex()
+        conn = self._connect()
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        self._ensure_schema(sqlite_utils.Database(conn))
+        self._next_id = (conn.execute("SELECT max(id) FROM calls").fetchone()[0] or 0) + 1
+        self._id_lock = threading.Lock()
+        self._writer = threading.Thread(target=self._write_loop, args=(conn,), name="polar-capture-writer", daemon=True)
+        self._writer.start()
+
+    # -- setup ---------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA busy_timeout=30000")
+        return conn
+
+    @staticmethod
+    def _ensure_schema(db: sqlite_utils.Database) -> None:
+        calls = db["calls"]
+        if not calls.exists():
+            calls.create(SCHEMA, pk="id", not_null={"call_id", "session_id", "status"}, defaults={"status": "pending"})
+            calls.create_index(["call_id"], unique=True)
+            calls.create_index(["session_id", "id"])
+            calls.create_index(["status"])
+        else:
+            missing = {k: v for k, v in SCHEMA.items() if k not in calls.columns_dict}
+            for name, typ in missing.items():  # additive migrations only
+                calls.add_column(name, typ)
+        if not db["meta"].exists():
+            db["meta"].create({"key": str, "value": str}, pk="key")
+            db["meta"].insert({"key": "key_salt", "value": os.urandom(16).hex()})
+
+    def key_salt(self) -> bytes:
+        """Salt for hashing client API keys; kept in the database so sessions survive restarts."""
+        conn = self.reader()
+        try:
+            return bytes.fromhex(conn.execute("SELECT value FROM meta WHERE key='key_salt'").fetchone()[0])
+        finally:
+            conn.close()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def allocate_id(self) -> int:
+        with self._id_lock:
+            row_id = self._next_id
+            self._next_id += 1
+            return row_id
+
+    def begin(self, row: dict[str, Any]) -> None:
+        """Record an arriving call as pending. Not awaited: the final write is ordered after it."""
+        self._submit(("insert", row))
+
+    async def finish(self, row_id: int, fields: dict[str, Any]) -> None:
+        """Complete a call's row and wait until it is committed."""
+        await asyncio.wrap_future(self._submit(("update", row_id, fields)))
+
+    def tokens_fields(self, session: str, row_id: int, prompt_ids, completion_ids, logprobs) -> dict[str, Any]:
+        """Token columns for a call: the prompt as parent reference + suffix (linear storage)."""
+        if not self.prefixes.knows(session):
+            self._warm(session)
+        ref = self.prefixes.split(session, prompt_ids)
+        self.prefixes.remember(session, row_id, prompt_ids, completion_ids)
+        return {
+            "prompt_parent": ref.parent_id,
+            "prompt_prefix_len": ref.prefix_len,
+            "prompt_suffix": ref.suffix,
+            "prompt_len": len(prompt_ids),
+            "completion_ids": pack_ids(completion_ids),
+            "completion_logprobs": pack_logprobs(logprobs),
+            "completion_len": len(completion_ids),
+        }
+
+    def _warm(self, session: str) -> None:
+        """After a restart, re-learn a session's recent lineages so its next prompt still links up."""
+        reader = self.reader()
+        rows = reader.execute(
+            "SELECT id FROM calls WHERE session_id=? AND status='ok' AND completion_ids IS NOT NULL "
+            "ORDER BY id DESC LIMIT ?",
+            (session, self.prefixes.lineages),
+        ).fetchall()
+        for (row_id,) in reversed(rows):
+            self.prefixes.remember(session, row_id, self.prompt_ids(row_id, reader), self.completion_ids(row_id, reader))
+        reader.close()
+
+    def _submit(self, op: tuple) -> Future:
+        fut: Future = Future()
+        self._queue.put((op, fut))
+        return fut
+
+    def _write_loop(self, conn: sqlite3.Connection) -> None:
+        db = sqlite_utils.Database(conn)
+        calls = db["calls"]
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < self._max_batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(op is _STOP for op, _ in batch)
+            work = [(op, fut) for op, fut in batch if op is not _STOP]
+            error: BaseException | None = None
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for op, _ in work:
+                    if op[0] == "insert":
+                        calls.insert(op[1])
+                    else:
+                        calls.update(op[1], op[2])
+                conn.execute("COMMIT")
+            except BaseException as exc:  # a failed batch must not kill the writer
+                error = exc
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            for _, fut in batch:
+                if error is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(error)
+            if stop:
+                conn.close()
+                return
+
+    def close(self) -> None:
+        if self._writer.is_alive():
+            self._submit(_STOP).result(timeout=60)
+
+    def mark_interrupted(self) -> int:
+        """Calls still pending from an earlier process can never finish: say so. Returns how many."""
+        conn = self._connect()
+        try:
+            cur = conn.execute(
+                "UPDATE calls SET status='interrupted', error='the proxy stopped before this call finished', "
+                "error_kind='interrupted' WHERE status='pending'"
+            )
+            return cur.rowcount
+        finally:
+            conn.close()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def reader(self) -> sqlite3.Connection:
+        conn = self._connect()
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def prompt_ids(self, row_id: int, conn: sqlite3.Connection | None = None, _memo: dict | None = None) -> list[int]:
+        """Resolve a call's full prompt by following its parent references.
+
+        `_memo` maps row id → that row's prompt+completion (numpy), so reading a whole session
+        resolves each row once.
+        """
+        own = conn is None
+        conn = conn or self.reader()
+        memo = _memo if _memo is not None else {}
+        try:
+            chain: list[tuple[int, int, bytes, bytes]] = []
+            cur: int | None = row_id
+            while cur is not None and cur not in memo:
+                parent, prefix_len, suffix, completion = conn.execute(
+                    "SELECT prompt_parent, prompt_prefix_len, prompt_suffix, completion_ids FROM calls WHERE id=?",
+                    (cur,),
+                ).fetchone()
+                chain.append((cur, prefix_len or 0, suffix or b"", completion or b""))
+                cur = parent if prefix_len else None
+            for rid, prefix_len, suffix, completion in reversed(chain):
+                head = memo[cur][:prefix_len] if cur is not None else _EMPTY
+                memo[rid] = np.concatenate([head, np.frombuffer(suffix, "<u4"), np.frombuffer(completion, "<u4")])
+                cur = rid
+            (completion,) = conn.execute("SELECT completion_len FROM calls WHERE id=?", (row_id,)).fetchone()
+            seq = memo[row_id]
+            return seq[: len(seq) - (completion or 0)].tolist()
+        finally:
+            if own:
+                conn.close()
+
+    def find_call(self, call_id: str, session: str) -> dict[str, Any] | None:
+        """A finished call by its public id, only within the asking session."""
+        conn = self.reader()
+        try:
+            row = conn.execute(
+                "SELECT * FROM calls WHERE call_id=? AND session_id=? AND status='ok'", (call_id, session)
+            ).fetchone()
+            return dict(row) if row else None
+        finally:
+            conn.close()
+
+    @staticmethod
+    def completion_ids(row_id: int, conn: sqlite3.Connection) -> list[int]:
+        (blob,) = conn.execute("SELECT completion_ids FROM calls WHERE id=?", (row_id,)).fetchone()
+        return unpack_ids(blob)
+
+    def calls(self, session: str | None = None, with_tokens: bool = True) -> Iterator[dict[str, Any]]:
+        """Rows as dicts, oldest first, with token columns decoded into lists."""
+        conn = self.reader()
+        memo: dict[int, list[int]] = {}
+        try:
+            sql = "SELECT * FROM calls" + (" WHERE session_id=?" if session else "") + " ORDER BY id"
+            for row in conn.execute(sql, (session,) if session else ()).fetchall():
+                out = dict(row)
+                for key in ("request_headers", "canonical", "result"):
+                    if out.get(key):
+                        out[key] = json.loads(out[key])
+                if with_tokens:
+                    out["completion_ids"] = unpack_ids(row["completion_ids"])
+                    out["completion_logprobs"] = unpack_logprobs(row["completion_logprobs"])
+                    out["prompt_ids"] = self.prompt_ids(row["id"], conn, memo) if row["prompt_len"] is not None else []
+                yield out
+        finally:
+            conn.close()
+

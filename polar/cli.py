@@ -1,0 +1,104 @@
+"""`polar …` — a thin click layer over the library (the addon, the double, the store)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import click
+
+DEFAULT_CACHE = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))
+DEFAULT_TOKENIZER = DEFAULT_CACHE / "models" / "qwen35-tiny"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="polar")
+def main() -> None:
+    """polar: capture token-level truth from unchanged agent harnesses, in front of vLLM."""
+
+
+@main.command()
+@click.option("--upstream", default="http://127.0.0.1:8000", show_default=True, help="vLLM base URL.")
+@click.option("--upstream-model", default="", help="Served model name (default: ask the upstream).")
+@click.option("--db", default="captures.db", show_default=True, type=click.Path(dir_okay=False), help="Capture database.")
+@click.option(
+    "--mode", type=click.Choice(["reverse", "regular"]), default="reverse", show_default=True,
+    help="reverse: clients set their base URL to polar. regular: clients use polar as HTTP(S)_PROXY.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Listen address.")
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--web/--no-web", default=False, help="Run mitmweb (inspect every call in a browser) instead of mitmdump.")
+@click.option("--web-port", default=8081, show_default=True, type=int)
+@click.option("--set", "sets", multiple=True, metavar="OPTION=VALUE", help="Any further mitmproxy or polar_* option.")
+def proxy(upstream, upstream_model, db, mode, host, port, web, web_port, sets) -> None:
+    """Run the gateway: mitmproxy + the polar addon in front of a vLLM server."""
+    from polar.proxy import ProxyConfig, serve
+
+    extra = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected OPTION=VALUE, got {item!r}", param_hint="--set")
+        extra[key] = value
+    config = ProxyConfig(upstream=upstream, db=db, mode=mode, host=host, port=port, upstream_model=upstream_model,
+                         web=web, web_port=web_port, extra=extra)
+    click.echo(f"polar {mode} proxy on http://{host}:{port} → {upstream}; captures in {db}"
+               + (f"; mitmweb on http://{host}:{web_port}" if web else ""))
+    asyncio.run(serve(config))
+
+
+@main.command()
+@click.option("--tokenizer", "tokenizer_dir", default=str(DEFAULT_TOKENIZER), show_default=True,
+              type=click.Path(exists=True, file_okay=False), help="Hugging Face tokenizer directory (with chat template).")
+@click.option("--model-name", default="polar-tiny", show_default=True, help="Served model name.")
+@click.option("--script", "script_path", type=click.Path(exists=True, dir_okay=False), help="JSON script of answers.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--max-model-len", default=32768, show_default=True, type=int)
+def double(tokenizer_dir, model_name, script_path, host, port, max_model_len) -> None:
+    """Serve the scripted vLLM TEST DOUBLE (real tokenizer, scripted answers)."""
+    import uvicorn
+
+    from polar.doubles.scripted_vllm import Script, ScriptedVLLM
+
+    script = Script.from_json(json.loads(Path(script_path).read_text())) if script_path else None
+    app = ScriptedVLLM(tokenizer_dir, model_name, max_model_len=max_model_len, script=script).app
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+@main.command()
+@click.option("--db", default="captures.db", show_default=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--session", help="Only this session.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per call, with token ids.")
+def captures(db, session, as_json) -> None:
+    """List captured model calls."""
+    from polar.capture.store import CaptureStore
+    from polar.report import captures_table
+
+    store = CaptureStore(db)
+    try:
+        if as_json:
+            for row in store.calls(session=session):
+                row = {k: v for k, v in row.items() if not isinstance(v, bytes)}
+                click.echo(json.dumps(row, ensure_ascii=False))
+        else:
+            captures_table(store.calls(session=session, with_tokens=False))
+    finally:
+        store.close()
+
+
+@main.command()
+@click.option("--workdir", default=str(DEFAULT_CACHE / "demo"), show_default=True, type=click.Path(file_okay=False))
+@click.option("--tokenizer", "tokenizer_dir", default=str(DEFAULT_TOKENIZER), show_default=True,
+              type=click.Path(file_okay=False))
+def demo(workdir, tokenizer_dir) -> None:
+    """The main job on embedded defaults: upstream double + proxy in-process, all four APIs via the official SDKs."""
+    from polar.demo import run_demo
+
+    run_demo(Path(workdir), Path(tokenizer_dir))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,326 @@
+"""OpenAI Chat Completions: `POST …/chat/completions` ⇄ canonical request and result.
+
+Routing: any POST whose path ends in `/chat/completions`. That covers OpenAI's `/v1/…`, a
+bare `/chat/completions` (base URL already ending in /v1 behind a proxy that strips it), and the
+OpenAI-compatible endpoints other hosts serve under a prefix (`/api/v1`, `/compatible-mode/v1`,
+`/v1beta/openai`, Azure deployments), which transparent capture meets without any client change.
+
+Decisions:
+- Legacy `functions` / `function_call` and the `function` role are refused with a clear message:
+  none of the supported harnesses send them, and mapping them would need invented call ids.
+- Custom (freeform) tools are refused: the Chat stream format has no delta shape for them.
+- The answer carries reasoning twice, as `reasoning` (vLLM's current field) and
+  `reasoning_content` (the older vLLM / DeepSeek name many harnesses still read). Clients
+  pick one (`reasoning_content ?? reasoning`), so neither family loses the thinking text.
+- `n` must be 1: polar samples one completion per call.
+- `logprobs` requests are accepted but answered with `logprobs: null`; token-level data lives
+  in the capture store, not in the client's response.
+- Chat has no token-count endpoint, so `render_count` is never routed here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from polar.canonical import (
+    ChatRequest,
+    ChatResult,
+    Message,
+    Part,
+    Reasoning,
+    Sampling,
+    TextPart,
+    Thinking,
+    Tool,
+    ToolCall,
+)
+from polar.errors import GatewayError, invalid, optional, require
+from polar.providers.base import HttpReply, Provider, Route, sse_event
+from polar.providers.openai_common import (
+    array,
+    bare_path,
+    error_reply,
+    image_from_url,
+    json_schema_format,
+    models_reply,
+    name_tool_results,
+    number,
+    obj,
+    pieces,
+    string,
+    thinking_from_effort,
+    tool_choice,
+)
+
+
+class OpenAIChat(Provider):
+    name = "openai_chat"
+
+    def match(self, method: str, path: str, query: dict[str, str], headers: dict[str, str]) -> Route | None:
+        if method.upper() == "POST" and bare_path(path).endswith("/chat/completions"):
+            return Route(self, "generate")
+        return None
+
+    def parse(self, route: Route, body: Any) -> ChatRequest:
+        body = obj(body, "request body")
+        _refuse_unsupported(body)
+        raw_messages = require(body, "messages", list)
+        if not raw_messages:
+            raise invalid("'messages' must contain at least one message", "messages")
+        stream_options = optional(body, "stream_options", dict, default={})
+        metadata: dict[str, Any] = {}
+        if optional(stream_options, "include_usage", bool, "stream_options."):
+            metadata["include_usage"] = True
+        template_kwargs = optional(body, "chat_template_kwargs", dict)
+        if template_kwargs:
+            metadata["chat_template_kwargs"] = template_kwargs
+        response_format = optional(body, "response_format", dict)
+        schema = (
+            json_schema_format(response_format, "response_format", nested="json_schema") if response_format else None
+        )
+        messages = [_message(m, f"messages[{i}]") for i, m in enumerate(raw_messages)]
+        name_tool_results(messages)
+        return ChatRequest(
+            model=require(body, "model", str),
+            messages=messages,
+            tools=[_tool(t, f"tools[{i}]") for i, t in enumerate(optional(body, "tools", list, default=[]))],
+            tool_choice=tool_choice(body.get("tool_choice")),
+            parallel_tool_calls=optional(body, "parallel_tool_calls", bool),
+            sampling=_sampling(body),
+            thinking=_thinking(body, template_kwargs or {}),
+            stream=optional(body, "stream", bool, default=False),
+            response_schema=schema,
+            metadata=metadata,
+        )
+
+    def render(self, route: Route, request: ChatRequest, result: ChatResult) -> HttpReply:
+        if request.stream:
+            return HttpReply.sse(_stream(request, result))
+        return HttpReply.json(_completion(request, result))
+
+    def render_count(self, route: Route, input_tokens: int) -> HttpReply:
+        raise NotImplementedError("Chat Completions has no token-count endpoint")
+
+    def render_error(self, error: GatewayError) -> HttpReply:
+        return error_reply(error)
+
+    def render_models(self, models: list[str]) -> HttpReply:
+        return models_reply(models)
+
+
+# ---------------------------------------------------------------------------------------------
+# request
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for legacy in ("functions", "function_call"):
+        if body.get(legacy) is not None:
+            raise invalid(f"'{legacy}' is the deprecated function-calling API; use 'tools' and 'tool_choice'", legacy)
+    n = optional(body, "n", int)
+    if n is not None and n != 1:
+        raise invalid("only n=1 is supported", "n")
+
+
+def _sampling(body: dict) -> Sampling:
+    max_tokens = optional(body, "max_completion_tokens", int)
+    if max_tokens is None:
+        max_tokens = optional(body, "max_tokens", int)
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    elif stop is None:
+        stop = []
+    elif not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise invalid("'stop' must be a string or an array of strings", "stop")
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=number(body, "temperature"),
+        top_p=number(body, "top_p"),
+        top_k=optional(body, "top_k", int),  # vLLM extension
+        stop=stop,
+        seed=optional(body, "seed", int),
+        presence_penalty=number(body, "presence_penalty"),
+        frequency_penalty=number(body, "frequency_penalty"),
+    )
+
+
+def _thinking(body: dict, template_kwargs: dict) -> Thinking:
+    effort = body.get("reasoning_effort")
+    thinking = Thinking() if effort is None else thinking_from_effort(effort, "reasoning_effort")
+    # vLLM's switch for hybrid-thinking templates (Qwen3) wins over the effort level.
+    enabled = optional(template_kwargs, "enable_thinking", bool, "chat_template_kwargs.")
+    if enabled is not None:
+        thinking.enabled = enabled
+    return thinking
+
+
+def _message(raw: Any, where: str) -> Message:
+    raw = obj(raw, where)
+    role = require(raw, "role", str, f"{where}.")
+    if role in ("system", "developer"):
+        return Message(role="system", content=_parts(raw.get("content"), f"{where}.content", images=False))
+    if role == "user":
+        return Message(role="user", content=_parts(raw.get("content"), f"{where}.content", images=True))
+    if role == "assistant":
+        return _assistant(raw, where)
+    if role == "tool":
+        return Message(
+            role="tool",
+            tool_call_id=require(raw, "tool_call_id", str, f"{where}."),
+            content=_parts(raw.get("content"), f"{where}.content", images=True),
+        )
+    if role == "function":
+        raise invalid(f"'{where}.role' 'function' is the deprecated function-calling API; use 'tool'", f"{where}.role")
+    raise invalid(f"'{where}.role' must be system, developer, user, assistant or tool", f"{where}.role")
+
+
+def _assistant(raw: dict, where: str) -> Message:
+    content = _parts(raw.get("content"), f"{where}.content", images=False)
+    refusal = optional(raw, "refusal", str, f"{where}.")
+    if refusal and not content:
+        content = [TextPart(text=refusal)]
+    # Harnesses echo the thinking back under either name (see module docstring).
+    reasoning_text = optional(raw, "reasoning_content", str, f"{where}.") or optional(
+        raw, "reasoning", str, f"{where}."
+    )
+    calls = optional(raw, "tool_calls", list, f"{where}.", default=[])
+    return Message(
+        role="assistant",
+        content=content,
+        reasoning=[Reasoning(text=reasoning_text)] if reasoning_text else [],
+        tool_calls=[_tool_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)],
+    )
+
+
+def _tool_call(raw: Any, where: str) -> ToolCall:
+    raw = obj(raw, where)
+    if raw.get("type", "function") != "function":
+        raise invalid(f"'{where}.type' must be 'function'", f"{where}.type")
+    function = obj(raw.get("function"), f"{where}.function")
+    arguments = function.get("arguments")
+    if isinstance(arguments, dict):  # some replayed histories carry parsed arguments
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    elif arguments is None:
+        arguments = "{}"
+    return ToolCall(
+        id=require(raw, "id", str, f"{where}."),
+        name=require(function, "name", str, f"{where}.function."),
+        arguments=string(arguments, f"{where}.function.arguments"),
+    )
+
+
+def _parts(content: Any, where: str, *, images: bool) -> list[Part]:
+    """Message content: null, a string, or an array of content parts."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [TextPart(text=content)] if content else []
+    return [_part(p, f"{where}[{i}]", images) for i, p in enumerate(array(content, where))]
+
+
+def _part(raw: Any, where: str, images: bool) -> Part:
+    raw = obj(raw, where)
+    kind = raw.get("type")
+    if kind == "text":
+        return TextPart(text=require(raw, "text", str, f"{where}."))
+    if kind == "refusal":
+        return TextPart(text=require(raw, "refusal", str, f"{where}."))
+    if kind == "image_url" and images:
+        image = raw.get("image_url")
+        url = image.get("url") if isinstance(image, dict) else image
+        return image_from_url(url, f"{where}.image_url.url")
+    raise invalid(f"'{where}.type' {kind!r} is not a supported content part here", f"{where}.type")
+
+
+def _tool(raw: Any, where: str) -> Tool:
+    raw = obj(raw, where)
+    if raw.get("type") != "function":
+        raise invalid(f"'{where}.type' must be 'function' (custom tools are not supported here)", f"{where}.type")
+    function = obj(raw.get("function"), f"{where}.function")
+    parameters = optional(function, "parameters", dict, f"{where}.function.")
+    return Tool(
+        name=require(function, "name", str, f"{where}.function."),
+        description=optional(function, "description", str, f"{where}.function."),
+        **({"parameters": parameters} if parameters is not None else {}),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# response
+
+
+def _finish_reason(result: ChatResult) -> str:
+    if result.finish_reason == "stop_sequence":
+        return "stop"
+    if result.tool_calls and result.finish_reason == "stop":
+        return "tool_calls"  # harnesses loop on tool_calls; a parser that said "stop" must not end the turn
+    return result.finish_reason
+
+
+def _usage(result: ChatResult) -> dict:
+    u = result.usage
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+    }
+
+
+def _reasoning_fields(text: str) -> dict:
+    return {"reasoning": text, "reasoning_content": text}
+
+
+def _completion(request: ChatRequest, result: ChatResult) -> dict:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": result.content if result.content or not result.tool_calls else None,
+        "refusal": None,
+    }
+    if result.reasoning and result.reasoning.text:
+        message.update(_reasoning_fields(result.reasoning.text))
+    if result.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in result.tool_calls
+        ]
+    return {
+        "id": f"chatcmpl-{result.id}",
+        "object": "chat.completion",
+        "created": result.created,
+        "model": request.model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(result)}],
+        "usage": _usage(result),
+    }
+
+
+def _stream(request: ChatRequest, result: ChatResult) -> bytes:
+    head = {
+        "id": f"chatcmpl-{result.id}",
+        "object": "chat.completion.chunk",
+        "created": result.created,
+        "model": request.model,
+    }
+    with_usage = bool(request.metadata.get("include_usage"))
+
+    def chunk(delta: dict, finish_reason: str | None = None) -> bytes:
+        data = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+        if with_usage:  # with include_usage every chunk carries the key, null until the last one
+            data["usage"] = None
+        return sse_event(data)
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    if result.reasoning and result.reasoning.text:
+        out += [chunk(_reasoning_fields(p)) for p in pieces(result.reasoning.text)]
+    out += [chunk({"content": p}) for p in pieces(result.content)]
+    for index, call in enumerate(result.tool_calls):
+        opening = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+        out.append(chunk({"tool_calls": [opening]}))
+        out += [chunk({"tool_calls": [{"index": index, "function": {"arguments": p}}]}) for p in pieces(call.arguments)]
+    out.append(chunk({}, _finish_reason(result)))
+    if with_usage:
+        out.append(sse_event({**head, "choices": [], "usage": _usage(result)}))
+    out.append(sse_event("[DONE]"))
+    return b"".join(out)

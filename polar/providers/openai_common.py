@@ -1,0 +1,165 @@
+"""What the two OpenAI wire formats (Chat Completions and Responses) share.
+
+Both answer errors with the same `{"error": {...}}` object, list models the same way, accept
+images as data/http URLs, and take `reasoning effort` and tool choices in close-enough shapes;
+keeping these here means the two providers cannot drift apart on them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from polar.canonical import ImagePart, Message, Thinking, ToolChoice
+from polar.errors import GatewayError, invalid, optional
+from polar.providers.base import HttpReply, now
+
+# kind -> (error.type, error.code) as OpenAI's own API reports them.
+_ERROR_SHAPES: dict[str, tuple[str, str | None]] = {
+    "invalid_request": ("invalid_request_error", None),
+    "not_found": ("invalid_request_error", None),
+    "too_large": ("invalid_request_error", None),
+    "context_length": ("invalid_request_error", "context_length_exceeded"),
+    "authentication": ("invalid_request_error", "invalid_api_key"),
+    "rate_limit": ("requests", "rate_limit_exceeded"),
+    "upstream_unavailable": ("server_error", None),
+    "upstream_timeout": ("server_error", "timeout"),
+    "upstream_error": ("server_error", None),
+    "internal": ("server_error", None),
+}
+
+# Longest piece a streamed text is cut into; long runs without spaces (JSON, base64) still stream.
+_PIECE_MAX = 32
+_PIECES = re.compile(r"\s*\S+|\s+")
+
+
+def bare_path(path: str) -> str:
+    """The path without a query string (Azure adds `?api-version=`) or trailing slash."""
+    return path.split("?", 1)[0].rstrip("/")
+
+
+def error_reply(error: GatewayError) -> HttpReply:
+    etype, code = _ERROR_SHAPES.get(error.kind, ("server_error", None))
+    body = {"error": {"message": error.message, "type": etype, "param": error.param, "code": code}}
+    return HttpReply.json(body, status=error.status)
+
+
+def models_reply(models: list[str]) -> HttpReply:
+    created = now()
+    data = [{"id": m, "object": "model", "created": created, "owned_by": "polar"} for m in models]
+    return HttpReply.json({"object": "list", "data": data})
+
+
+def pieces(text: str) -> list[str]:
+    """Cut text into word-sized stream deltas whose concatenation is exactly `text`."""
+    out: list[str] = []
+    for word in _PIECES.findall(text):
+        out.extend(word[i : i + _PIECE_MAX] for i in range(0, len(word), _PIECE_MAX))
+    return out
+
+
+def obj(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise invalid(f"'{where}' must be a JSON object", where)
+    return value
+
+
+def array(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise invalid(f"'{where}' must be an array", where)
+    return value
+
+
+def string(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise invalid(f"'{where}' must be a string", where)
+    return value
+
+
+def number(body: dict, key: str, where: str = "") -> float | None:
+    """An optional finite number (JSON allows integers too large for a float)."""
+    value = optional(body, key, (int, float), where)
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        raise invalid(f"field '{where}{key}' must be a finite number", f"{where}{key}")
+    return value
+
+
+def image_from_url(url: Any, where: str) -> ImagePart:
+    """An image given as `data:<type>;base64,<data>` (kept inline) or as a URL to fetch."""
+    url = string(url, where)
+    if not url.startswith("data:"):
+        return ImagePart(url=url)
+    header, sep, data = url[len("data:") :].partition(",")
+    media_type, *params = header.split(";")
+    if not sep or "base64" not in params:
+        raise invalid(f"'{where}' must be a base64 data URL or an http(s) URL", where)
+    return ImagePart(media_type=media_type or None, data=data)
+
+
+def thinking_from_effort(effort: Any, where: str) -> Thinking:
+    """OpenAI reasoning effort: "none" switches thinking off, any other level switches it on."""
+    effort = string(effort, where)
+    return Thinking(enabled=effort != "none", effort=effort)
+
+
+def tool_choice(value: Any, where: str = "tool_choice") -> ToolChoice:
+    """Both APIs' tool_choice shapes.
+
+    Chat nests the name (`{"type":"function","function":{"name":..}}`), Responses does not
+    (`{"type":"function","name":..}`). `allowed_tools` keeps only its mode: the canonical request
+    cannot restrict the tool list without changing the prompt. Choices naming a hosted tool
+    (web search, MCP…) fall back to "auto" because those tools are not offered to the model.
+    """
+    if value is None:
+        return ToolChoice()
+    if isinstance(value, str):
+        if value not in ("auto", "none", "required"):
+            raise invalid(f"'{where}' must be one of 'auto', 'none', 'required' or an object", where)
+        return ToolChoice(mode=value)
+    choice = obj(value, where)
+    kind = string(choice.get("type"), f"{where}.type")
+    if kind in ("function", "custom"):
+        nested = choice.get(kind)
+        name = nested.get("name") if isinstance(nested, dict) else choice.get("name")
+        return ToolChoice(mode="tool", name=string(name, f"{where}.name"))
+    if kind == "allowed_tools":
+        nested = choice.get("allowed_tools")
+        mode = (nested if isinstance(nested, dict) else choice).get("mode", "auto")
+        if mode not in ("auto", "required"):
+            raise invalid(f"'{where}.mode' must be 'auto' or 'required'", f"{where}.mode")
+        return ToolChoice(mode=mode)
+    return ToolChoice()
+
+
+def json_schema_format(fmt: Any, where: str, nested: str | None = None) -> dict[str, Any] | None:
+    """A JSON output format → the schema to follow (None for plain text).
+
+    Chat nests the schema under `json_schema` (`nested="json_schema"`); Responses' `text.format`
+    holds it directly.
+    """
+    fmt = obj(fmt, where)
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        holder, path = (obj(fmt.get(nested), f"{where}.{nested}"), f"{where}.{nested}") if nested else (fmt, where)
+        return obj(holder.get("schema"), f"{path}.schema")
+    raise invalid(f"'{where}.type' must be 'text', 'json_object' or 'json_schema'", f"{where}.type")
+
+
+def name_tool_results(messages: list[Message]) -> None:
+    """Give each tool result the name of the call it answers (both APIs send only the call id)."""
+    names: dict[str, str] = {}
+    for message in messages:
+        names.update((call.id, call.name) for call in message.tool_calls)
+        if message.role == "tool" and message.name is None and message.tool_call_id in names:
+            message.name = names[message.tool_call_id]

@@ -1,0 +1,124 @@
+"""Running mitmproxy with the polar addon, from the CLI or in-process (tests, the demo).
+
+Two modes now: `reverse` (the client's base URL points at polar: it answers every path itself)
+and `regular` (an explicit HTTP(S) proxy; HTTPS clients must trust mitmproxy's CA). Transparent
+container capture builds on these in `runtimes/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from polar.addon import PolarAddon
+
+
+@dataclass
+class ProxyConfig:
+    upstream: str = "http://127.0.0.1:8000"
+    db: str = "captures.db"
+    mode: Literal["reverse", "regular"] = "reverse"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    upstream_model: str = ""
+    web: bool = False
+    web_port: int = 8081
+    confdir: str | None = None  # mitmproxy's CA directory (default ~/.mitmproxy)
+    extra: dict[str, Any] = field(default_factory=dict)  # further mitmproxy / polar options
+
+    def mitm_options(self) -> dict[str, Any]:
+        spec = f"reverse:{self.upstream}@{self.port}" if self.mode == "reverse" else f"regular@{self.port}"
+        opts: dict[str, Any] = {
+            "mode": [spec],
+            "listen_host": self.host,
+            # polar answers every call itself: never dial the upstream on the client's behalf.
+            "connection_strategy": "lazy",
+            "upstream_cert": False,
+            "termlog_verbosity": "warn",
+        }
+        if self.confdir:
+            opts["confdir"] = self.confdir
+        if self.web:
+            opts.update(web_port=self.web_port, web_host=self.host, web_open_browser=False)
+        return opts
+
+    def polar_options(self) -> dict[str, Any]:
+        return {"polar_upstream": self.upstream, "polar_db": self.db, "polar_upstream_model": self.upstream_model}
+
+
+async def serve(config: ProxyConfig, ready: threading.Event | None = None, holder: dict | None = None) -> None:
+    """Run until shut down. `holder` receives the master so another thread can stop it."""
+    from mitmproxy import options
+
+    opts = options.Options()
+    if config.web:
+        from mitmproxy.tools.web.master import WebMaster
+
+        master = WebMaster(opts, with_termlog=True)
+    else:
+        from mitmproxy.tools.dump import DumpMaster
+
+        master = DumpMaster(opts, with_termlog=True, with_dumper=False)
+    addon = PolarAddon()
+    master.addons.add(addon)
+    opts.update(**config.mitm_options())
+    mitm_extra = {k: v for k, v in config.extra.items() if not k.startswith("polar_")}
+    opts.update(**mitm_extra)
+    opts.update(**config.polar_options(), **{k: v for k, v in config.extra.items() if k.startswith("polar_")})
+    if holder is not None:
+        holder["master"], holder["addon"] = master, addon
+    if ready is not None:
+        asyncio.get_running_loop().call_later(0.3, ready.set)
+    await master.run()
+
+
+class BackgroundProxy:
+    """The proxy on its own thread and event loop, for tests and the in-process demo."""
+
+    def __init__(self, config: ProxyConfig):
+        self.config = config
+        self._holder: dict = {}
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(serve(config, self._ready, self._holder)), daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.config.port}"
+
+    @property
+    def addon(self) -> PolarAddon:
+        return self._holder["addon"]
+
+    def start(self, timeout: float = 30) -> str:
+        import socket
+
+        self._thread.start()
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if not self._thread.is_alive():
+                raise RuntimeError("polar proxy exited during start-up")
+            if self._ready.is_set():
+                try:
+                    socket.create_connection((self.config.host, self.config.port), timeout=1).close()
+                    return self.url
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        raise RuntimeError(f"polar proxy did not start listening on {self.url}")
+
+    def stop(self) -> None:
+        master = self._holder.get("master")
+        if master is not None:
+            master.shutdown()
+        self._thread.join(timeout=30)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

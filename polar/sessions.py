@@ -1,0 +1,92 @@
+"""Which session a call belongs to, and keeping the harness's secret out of storage and upstream.
+
+Resolution order, most explicit first:
+  1. an `x-polar-session` header (set by a runtime or a test client);
+  2. a path prefix `/s/<session>/…` (reverse / base-URL mode: the base URL names the session);
+  3. the API key: a key registered for a session maps to it; any other key maps to a session
+     named after its salted hash, so one harness with its own key stays one session;
+  4. the client address (a container's IP in transparent mode), registered or not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import threading
+from dataclasses import dataclass
+
+SESSION_HEADER = "x-polar-session"
+_PATH_PREFIX = re.compile(r"^/s/([A-Za-z0-9._:-]{1,128})(/.*)?$")
+# Headers that carry client credentials: read for identification, never stored or forwarded.
+SECRET_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "api-key", "proxy-authorization", "cookie")
+
+
+@dataclass(frozen=True)
+class Identity:
+    session: str
+    path: str  # the request path with any session prefix removed
+    key_hash: str | None  # salted hash of the client's key, for audit; never the key
+    source: str  # header | path | key | address
+
+
+class SessionRegistry:
+    """Maps per-session API keys and client addresses to session ids (filled by runtimes)."""
+
+    def __init__(self, salt: bytes | None = None):
+        self._salt = salt or os.environ.get("POLAR_KEY_SALT", "").encode() or os.urandom(16)
+        self._by_key: dict[str, str] = {}
+        self._by_addr: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def hash_key(self, key: str) -> str:
+        return hmac.new(self._salt, key.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def register_key(self, key: str, session: str) -> None:
+        with self._lock:
+            self._by_key[self.hash_key(key)] = session
+
+    def register_address(self, address: str, session: str) -> None:
+        with self._lock:
+            self._by_addr[address] = session
+
+    def forget_address(self, address: str) -> None:
+        with self._lock:
+            self._by_addr.pop(address, None)
+
+    def resolve(self, path: str, headers: dict[str, str], client_addr: str | None) -> Identity:
+        key = client_key(headers)
+        key_hash = self.hash_key(key) if key else None
+        if headers.get(SESSION_HEADER):
+            return Identity(_clean(headers[SESSION_HEADER]), path, key_hash, "header")
+        m = _PATH_PREFIX.match(path)
+        if m:
+            return Identity(m.group(1), m.group(2) or "/", key_hash, "path")
+        if key_hash and key_hash in self._by_key:
+            return Identity(self._by_key[key_hash], path, key_hash, "key")
+        if client_addr and client_addr in self._by_addr:
+            return Identity(self._by_addr[client_addr], path, key_hash, "address")
+        if key_hash:
+            return Identity(f"key-{key_hash[:16]}", path, key_hash, "key")
+        return Identity(f"addr-{client_addr or 'unknown'}", path, key_hash, "address")
+
+
+def client_key(headers: dict[str, str]) -> str | None:
+    """The credential a client sent, whichever header its provider uses."""
+    for name in ("x-api-key", "x-goog-api-key", "api-key"):
+        if headers.get(name):
+            return headers[name]
+    auth = headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return auth or None
+
+
+def redact(headers: dict[str, str]) -> dict[str, str]:
+    """Headers safe to store: credentials replaced by a marker."""
+    return {k: ("<redacted>" if k.lower() in SECRET_HEADERS else v) for k, v in headers.items()}
+
+
+def _clean(session: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._:-]", "_", session.strip())[:128] or "unnamed"

