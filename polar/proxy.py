@@ -76,7 +76,14 @@ async def serve(config: ProxyConfig, ready: threading.Event | None = None, holde
 
 
 class BackgroundProxy:
-    """The proxy on its own thread and event loop, for tests and the in-process demo."""
+    """The proxy on its own thread and event loop, for tests and the in-process demo.
+
+    One per process: mitmproxy keeps its master in a module-global context, so a second master
+    in the same process would receive the first one's flows. Run more proxies as processes
+    (`SubprocessProxy`).
+    """
+
+    _running: "BackgroundProxy | None" = None
 
     def __init__(self, config: ProxyConfig):
         self.config = config
@@ -95,6 +102,9 @@ class BackgroundProxy:
     def start(self, timeout: float = 30) -> str:
         import socket
 
+        if BackgroundProxy._running is not None:
+            raise RuntimeError("a polar proxy already runs in this process; start another as a SubprocessProxy")
+        BackgroundProxy._running = self
         self._thread.start()
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -114,6 +124,49 @@ class BackgroundProxy:
         if master is not None:
             master.shutdown()
         self._thread.join(timeout=30)
+        if BackgroundProxy._running is self:
+            BackgroundProxy._running = None
+
+
+class SubprocessProxy:
+    """`polar proxy` as a child process (for a second proxy beside an in-process one, or benchmarks)."""
+
+    def __init__(self, config: ProxyConfig):
+        self.config = config
+        self.proc = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.config.port}"
+
+    def start(self, timeout: float = 60) -> str:
+        import socket
+        import subprocess
+        import sys
+
+        c = self.config
+        cmd = [sys.executable, "-m", "polar.cli", "proxy", "--upstream", c.upstream, "--db", c.db, "--mode", c.mode,
+               "--host", c.host, "--port", str(c.port)]
+        if c.upstream_model:
+            cmd += ["--upstream-model", c.upstream_model]
+        for key, value in c.extra.items():
+            cmd += ["--set", f"{key}={value}"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"polar proxy exited with {self.proc.returncode} during start-up")
+            try:
+                socket.create_connection((c.host, c.port), timeout=1).close()
+                return self.url
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"polar proxy did not start listening on {self.url}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
 
 
 def free_port() -> int:

@@ -75,7 +75,7 @@ def stack(tokenizer_dir, tmp_path_factory):
     upstream_url = upstream.start()
     db = tmp_path_factory.mktemp("captures") / "captures.db"
     proxy = BackgroundProxy(ProxyConfig(upstream=upstream_url, db=str(db), port=free_port(),
-                                        extra={"polar_upstream_timeout": 5.0}))
+                                        extra={"polar_upstream_timeout": 3.0}))
     proxy.start()
     yield Stack(proxy.url, upstream_url, db, double, proxy)
     proxy.stop()

@@ -152,7 +152,7 @@ class ScriptedVLLM:
         self.script = script or Script()
         self.latency_s = latency_s
         self.eos_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.requests: list[dict[str, Any]] = []  # what polar sent, for tests to inspect
+        self.requests: list[dict[str, Any]] = []  # what polar sent (path, headers, body), for tests
         self.fault: dict[str, Any] = {}
         self.app = Starlette(
             routes=[
@@ -187,6 +187,12 @@ class ScriptedVLLM:
             self.requests.clear()
         return JSONResponse(self.requests)
 
+    async def _record(self, request: Request) -> dict[str, Any]:
+        body = await request.json()
+        self.requests.append({"path": request.url.path, "headers": dict(request.headers), "body": body})
+        del self.requests[:-1000]  # bounded: long benchmarks must not grow it forever
+        return body
+
     async def _maybe_fault(self) -> Response | None:
         if not self.fault or self.fault.get("count", 1) <= 0:
             return None
@@ -213,8 +219,7 @@ class ScriptedVLLM:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def chat(self, request: Request) -> Response:
-        body = await request.json()
-        self.requests.append(body)
+        body = await self._record(request)
         if (fault := await self._maybe_fault()) is not None:
             return fault
         if body.get("model") != self.model_name:
@@ -254,8 +259,7 @@ class ScriptedVLLM:
 
     async def completions(self, request: Request) -> Response:
         """Token-in completion: `prompt` is a list of ids; no template, no parsers."""
-        body = await request.json()
-        self.requests.append(body)
+        body = await self._record(request)
         if (fault := await self._maybe_fault()) is not None:
             return fault
         prompt = body.get("prompt")
