@@ -22,7 +22,17 @@ log = logging.getLogger("polar.addon")
 _GATEWAY_OPTIONS = {
     "polar_upstream", "polar_upstream_model", "polar_upstream_key", "polar_upstream_timeout",
     "polar_db", "polar_db_sync", "polar_max_body", "polar_model_aliases",
+    "polar_tokenizer", "polar_chat_template", "polar_token_endpoint",
 }  # fmt: skip
+
+
+def token_faithful(chat: VLLMChat, tokenizer_dir: str, template_path: str, endpoint: str):
+    from polar.tokens.parsers import family_for_template
+    from polar.tokens.template import ChatTemplate
+    from polar.upstream.vllm_tokens import TokenFaithful
+
+    template = ChatTemplate.from_dir(tokenizer_dir, template_path or None)
+    return TokenFaithful(chat, template, family_for_template(template.template_text), endpoint)
 
 
 class PolarAddon:
@@ -34,13 +44,23 @@ class PolarAddon:
         loader.add_option("polar_upstream", str, "http://127.0.0.1:8000", "Base URL of the vLLM server.")
         loader.add_option("polar_upstream_model", str, "", "Served model name at the upstream ('' = ask its /v1/models).")
         loader.add_option("polar_upstream_key", str, "", "API key polar sends to the upstream (never the client's).")
-        loader.add_option("polar_upstream_timeout", float, 600.0, "Seconds to wait for one upstream answer.")
+        # int, not float: mitmproxy's `--set` cannot parse float options.
+        loader.add_option("polar_upstream_timeout", int, 600, "Seconds to wait for one upstream answer.")
         loader.add_option("polar_db", str, "captures.db", "SQLite file that receives one row per model call.")
         loader.add_option(
             "polar_db_sync", str, "FULL", "SQLite synchronous mode for captures.", choices=["FULL", "NORMAL"]
         )
         loader.add_option("polar_max_body", int, 64 * 1024 * 1024, "Largest request body accepted, in bytes.")
         loader.add_option("polar_model_aliases", Sequence[str], [], "Extra model names listed on GET …/models.")
+        loader.add_option(
+            "polar_tokenizer", str, "",
+            "Hugging Face tokenizer dir of the served model. Set = token-faithful prompts (polar builds the prompt ids, "
+            "reusing each session's sampled ids); '' = vLLM renders the chat template.",
+        )
+        loader.add_option("polar_chat_template", str, "", "Jinja chat template file ('' = the tokenizer's own).")
+        loader.add_option(
+            "polar_token_endpoint", str, "auto", "Token-in vLLM endpoint.", choices=["auto", "generate", "completions"]
+        )
 
     def configure(self, updated: set[str]) -> None:
         if self.gateway is not None and not (updated & _GATEWAY_OPTIONS):
@@ -58,6 +78,8 @@ class PolarAddon:
             api_key=opts.polar_upstream_key or None,
             timeout=opts.polar_upstream_timeout,
         )
+        if opts.polar_tokenizer:
+            backend = token_faithful(backend, opts.polar_tokenizer, opts.polar_chat_template, opts.polar_token_endpoint)
         self.gateway = Gateway(store, backend, max_body_bytes=opts.polar_max_body, model_aliases=list(opts.polar_model_aliases))
 
     async def request(self, flow: http.HTTPFlow) -> None:

@@ -150,3 +150,8 @@ class ChatResult(_Model):
     completion_logprobs: list[float] = Field(default_factory=list)
     # Weight version that produced the sample, when the upstream reports one.
     policy_version: int | str | None = None
+    # How the prompt ids were built: "chat-template" (vLLM rendered it), "token-faithful",
+    # or "re-render: <why the earlier turn's ids could not be kept>".
+    prompt_mode: str = "chat-template"
+    # Tool calls the model wrote that could not be parsed (kept in `content`, reported here).
+    malformed: list[str] = Field(default_factory=list)

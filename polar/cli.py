@@ -22,6 +22,7 @@ def main() -> None:
 @main.command()
 @click.option("--upstream", default="http://127.0.0.1:8000", show_default=True, help="vLLM base URL.")
 @click.option("--upstream-model", default="", help="Served model name (default: ask the upstream).")
+@click.option("--tokenizer", default="", help="Tokenizer dir of the served model: turns on token-faithful prompts.")
 @click.option("--db", default="captures.db", show_default=True, type=click.Path(dir_okay=False), help="Capture database.")
 @click.option(
     "--mode", type=click.Choice(["reverse", "regular"]), default="reverse", show_default=True,
@@ -32,7 +33,7 @@ def main() -> None:
 @click.option("--web/--no-web", default=False, help="Run mitmweb (inspect every call in a browser) instead of mitmdump.")
 @click.option("--web-port", default=8081, show_default=True, type=int)
 @click.option("--set", "sets", multiple=True, metavar="OPTION=VALUE", help="Any further mitmproxy or polar_* option.")
-def proxy(upstream, upstream_model, db, mode, host, port, web, web_port, sets) -> None:
+def proxy(upstream, upstream_model, tokenizer, db, mode, host, port, web, web_port, sets) -> None:
     """Run the gateway: mitmproxy + the polar addon in front of a vLLM server."""
     from polar.proxy import ProxyConfig, serve
 
@@ -43,6 +44,7 @@ def proxy(upstream, upstream_model, db, mode, host, port, web, web_port, sets) -
             raise click.BadParameter(f"expected OPTION=VALUE, got {item!r}", param_hint="--set")
         extra[key] = value
     config = ProxyConfig(upstream=upstream, db=db, mode=mode, host=host, port=port, upstream_model=upstream_model,
+                         tokenizer=tokenizer,
                          web=web, web_port=web_port, extra=extra)
     click.echo(f"polar {mode} proxy on http://{host}:{port} → {upstream}; captures in {db}"
                + (f"; mitmweb on http://{host}:{web_port}" if web else ""))
@@ -77,7 +79,7 @@ def captures(db, session, as_json) -> None:
     from polar.capture.store import CaptureStore
     from polar.report import captures_table
 
-    store = CaptureStore(db)
+    store = CaptureStore(db, readonly=True)
     try:
         if as_json:
             for row in store.calls(session=session):
@@ -99,6 +101,10 @@ def demo(workdir, tokenizer_dir) -> None:
 
     run_demo(Path(workdir), Path(tokenizer_dir))
 
+
+from polar.cli_trajectories import trajectories  # noqa: E402  (its own module: one command, one job)
+
+main.add_command(trajectories)
 
 if __name__ == "__main__":
     main()

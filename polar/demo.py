@@ -54,7 +54,7 @@ def run_demo(workdir: Path, tokenizer_dir: Path) -> None:
     finally:
         proxy.stop()
         upstream.stop()
-    store = CaptureStore(db)
+    store = CaptureStore(db, readonly=True)
     rows = list(store.calls())
     captures_table(rows, console, title=f"captures in {db}")
     tokens = sum(r["prompt_len"] + r["completion_len"] for r in rows if r["status"] == "ok")

@@ -36,7 +36,7 @@ class Backend(Protocol):
 
     async def model(self) -> str: ...
 
-    async def complete(self, request: ChatRequest, call_id: str) -> ChatResult: ...
+    async def complete(self, request: ChatRequest, call_id: str, session: str = "", row_id: int = 0) -> ChatResult: ...
 
     async def count_tokens(self, request: ChatRequest) -> int: ...
 
@@ -135,6 +135,8 @@ class Gateway:
             if route is None:
                 raise GatewayError("not_found", f"polar does not serve {req.method} {ident.path}")
             request = self._parse(req, route)
+            if request.metadata.get("previous_response_id"):
+                request = await self._continue_from(request, ident.session)
             fields["model"] = request.model
             fields["stream"] = int(request.stream)
             if route.endpoint == "count_tokens":
@@ -174,10 +176,8 @@ class Gateway:
     async def _generate(
         self, request: ChatRequest, route: Route, ident: Identity, call_id: str, fields: dict, meta: dict
     ) -> HttpReply:
-        if request.metadata.get("previous_response_id"):
-            request = await self._continue_from(request, ident.session)
         t_up = time.time()
-        result = await self.backend.complete(request, call_id)
+        result = await self.backend.complete(request, call_id, ident.session, meta["row"])
         fields["t_upstream"] = time.time() - t_up
         reply = route.provider.render(route, request, result)
         fields.update(
@@ -185,7 +185,7 @@ class Gateway:
             result=result.model_dump_json(exclude={"prompt_token_ids", "completion_token_ids", "completion_logprobs"}),
             finish_reason=result.finish_reason,
             policy_version=None if result.policy_version is None else str(result.policy_version),
-            prompt_mode="chat-template",
+            prompt_mode=result.prompt_mode,
             **self.store.tokens_fields(
                 ident.session, meta["row"], result.prompt_token_ids, result.completion_token_ids, result.completion_logprobs
             ),

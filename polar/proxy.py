@@ -24,6 +24,7 @@ class ProxyConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     upstream_model: str = ""
+    tokenizer: str = ""  # set → token-faithful prompts
     web: bool = False
     web_port: int = 8081
     confdir: str | None = None  # mitmproxy's CA directory (default ~/.mitmproxy)
@@ -46,7 +47,8 @@ class ProxyConfig:
         return opts
 
     def polar_options(self) -> dict[str, Any]:
-        return {"polar_upstream": self.upstream, "polar_db": self.db, "polar_upstream_model": self.upstream_model}
+        return {"polar_upstream": self.upstream, "polar_db": self.db, "polar_upstream_model": self.upstream_model,
+                "polar_tokenizer": self.tokenizer}
 
 
 async def serve(config: ProxyConfig, ready: threading.Event | None = None, holder: dict | None = None) -> None:
@@ -65,9 +67,9 @@ async def serve(config: ProxyConfig, ready: threading.Event | None = None, holde
     addon = PolarAddon()
     master.addons.add(addon)
     opts.update(**config.mitm_options())
-    mitm_extra = {k: v for k, v in config.extra.items() if not k.startswith("polar_")}
-    opts.update(**mitm_extra)
-    opts.update(**config.polar_options(), **{k: v for k, v in config.extra.items() if k.startswith("polar_")})
+    opts.update(**config.polar_options())
+    for key, value in config.extra.items():  # text values (from the CLI) are parsed by mitmproxy
+        opts.set(f"{key}={value}") if isinstance(value, str) else opts.update(**{key: value})
     if holder is not None:
         holder["master"], holder["addon"] = master, addon
     if ready is not None:
@@ -149,6 +151,8 @@ class SubprocessProxy:
                "--host", c.host, "--port", str(c.port)]
         if c.upstream_model:
             cmd += ["--upstream-model", c.upstream_model]
+        if c.tokenizer:
+            cmd += ["--tokenizer", c.tokenizer]
         for key, value in c.extra.items():
             cmd += ["--set", f"{key}={value}"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)

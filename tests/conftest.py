@@ -38,13 +38,14 @@ def shared_templates() -> Path:
 
 @dataclass
 class Stack:
-    """polar (reverse mode) in front of the scripted vLLM double, both in-process."""
+    """polar (reverse mode) in front of the scripted vLLM double."""
 
     url: str
     upstream_url: str
     db: Path
     double: object
     proxy: object
+    mode: str  # "token-faithful" | "chat-template"
 
     def script(self, steps=None, rules=None) -> None:
         body = {"rules": rules} if rules is not None else {"steps": steps}
@@ -54,7 +55,9 @@ class Stack:
         httpx.post(f"{self.upstream_url}/_double/fault", json=fault).raise_for_status()
 
     def store(self):
-        return self.proxy.addon.gateway.store
+        from polar.capture.store import CaptureStore
+
+        return CaptureStore(self.db, readonly=True)
 
     def row(self, call_id: str) -> dict:
         rows = [r for r in self.store().calls() if r["call_id"] == call_id]
@@ -66,27 +69,56 @@ class Stack:
 
 
 @pytest.fixture(scope="session")
-def stack(tokenizer_dir, tmp_path_factory):
+def double_server(tokenizer_dir):
+    """The scripted vLLM double, shared by every proxy the tests start."""
     from polar.doubles.scripted_vllm import BackgroundServer, ScriptedVLLM
-    from polar.proxy import BackgroundProxy, ProxyConfig, free_port
 
     double = ScriptedVLLM(tokenizer_dir, "polar-tiny", max_model_len=32768)
-    upstream = BackgroundServer(double.app)
-    upstream_url = upstream.start()
+    server = BackgroundServer(double.app)
+    url = server.start()
+    yield double, url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(double_server, tokenizer_dir, tmp_path_factory):
+    """polar in-process, token-faithful (the default when a tokenizer is configured)."""
+    from polar.proxy import BackgroundProxy, ProxyConfig, free_port
+
+    double, upstream_url = double_server
     db = tmp_path_factory.mktemp("captures") / "captures.db"
-    proxy = BackgroundProxy(ProxyConfig(upstream=upstream_url, db=str(db), port=free_port(),
-                                        extra={"polar_upstream_timeout": 3.0}))
+    proxy = BackgroundProxy(ProxyConfig(upstream=upstream_url, db=str(db), port=free_port(), tokenizer=str(tokenizer_dir),
+                                        extra={"polar_upstream_timeout": 3}))
     proxy.start()
-    yield Stack(proxy.url, upstream_url, db, double, proxy)
+    yield Stack(proxy.url, upstream_url, db, double, proxy, "token-faithful")
     proxy.stop()
-    upstream.stop()
+
+
+@pytest.fixture(scope="session")
+def chat_stack(double_server, tmp_path_factory):
+    """polar as a subprocess in chat-template mode (vLLM renders the prompt), same double."""
+    from polar.proxy import ProxyConfig, SubprocessProxy, free_port
+
+    double, upstream_url = double_server
+    db = tmp_path_factory.mktemp("captures-chat") / "captures.db"
+    proxy = SubprocessProxy(ProxyConfig(upstream=upstream_url, db=str(db), port=free_port(),
+                                        extra={"polar_upstream_timeout": 3}))
+    proxy.start()
+    yield Stack(proxy.url, upstream_url, db, double, proxy, "chat-template")
+    proxy.stop()
+
+
+@pytest.fixture(params=["token-faithful", "chat-template"])
+def any_stack(request):
+    """Both prompt modes: tests that must hold whichever way the prompt is built."""
+    return request.getfixturevalue("stack" if request.param == "token-faithful" else "chat_stack")
 
 
 @pytest.fixture(autouse=True)
 def _reset_double(request):
     """Each test starts with no script and no fault on the shared double."""
     yield
-    if "stack" in request.fixturenames:
-        stack = request.getfixturevalue("stack")
-        stack.script(rules=[])
-        stack.fault(count=0)
+    if {"stack", "chat_stack", "any_stack"} & set(request.fixturenames):
+        double, url = request.getfixturevalue("double_server")
+        httpx.post(f"{url}/_double/script", json={"rules": []}).raise_for_status()
+        httpx.post(f"{url}/_double/fault", json={"count": 0}).raise_for_status()

@@ -66,12 +66,17 @@ _EMPTY = np.zeros(0, dtype="<u4")
 
 
 class CaptureStore:
-    def __init__(self, path: str | Path, synchronous: str = "FULL", max_batch: int = 256):
+    def __init__(self, path: str | Path, synchronous: str = "FULL", max_batch: int = 256, readonly: bool = False):
         self.path = str(path)
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._max_batch = max_batch
         self.prefixes = PrefixIndex()
+        self._writer = None
+        if readonly:  # a reader beside a running proxy: no writer thread, no schema changes
+            if not Path(self.path).exists():
+                raise FileNotFoundError(f"no capture database at {self.path}")
+            return
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = self._connect()
         conn.execute(f"PRAGMA synchronous={synchronous}")
         self._ensure_schema(sqlite_utils.Database(conn))
@@ -196,8 +201,10 @@ class CaptureStore:
                 return
 
     def close(self) -> None:
-        if self._writer.is_alive():
+        writer, self._writer = self._writer, None  # a second close is a no-op
+        if writer is not None and writer.is_alive():
             self._submit(_STOP).result(timeout=60)
+            writer.join(timeout=60)
 
     def mark_interrupted(self) -> int:
         """Calls still pending from an earlier process can never finish: say so. Returns how many."""

@@ -506,7 +506,10 @@ def _stream(request: ChatRequest, result: ChatResult) -> bytes:
     for index, item in enumerate(output):
         events += _item_events(index, item)
     final = _response(request, result, output)
-    events.append({"type": f"response.{final['status']}", "response": final})
+    # A length cut still ends with `response.completed` (its response says status "incomplete" and
+    # why): Codex and the SDK's stream helper accept no other terminal event, and would otherwise
+    # treat a truncated turn as a dropped stream and retry it.
+    events.append({"type": "response.completed", "response": final})
     return b"".join(
         sse_event({"type": e["type"], "sequence_number": n, **e}, event=e["type"]) for n, e in enumerate(events)
     )

@@ -57,7 +57,7 @@ class VLLMChat:
 
     # -- calls -----------------------------------------------------------------------------
 
-    async def complete(self, request: ChatRequest, call_id: str) -> ChatResult:
+    async def complete(self, request: ChatRequest, call_id: str, session: str = "", row_id: int = 0) -> ChatResult:
         body = await self.chat_body(request)
         started = time.time()
         data = await self._call("POST", "/v1/chat/completions", body)

@@ -59,7 +59,8 @@ def check_capture(stack, session: str, scenario: str, stream: bool) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_anthropic_sdk(stack, scenario, stream):
+def test_anthropic_sdk(any_stack, scenario, stream):
+    stack = any_stack
     import anthropic
 
     session = f"anth-{uuid.uuid4().hex[:8]}"
@@ -98,7 +99,8 @@ def test_anthropic_sdk(stack, scenario, stream):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_openai_chat_sdk(stack, scenario, stream):
+def test_openai_chat_sdk(any_stack, scenario, stream):
+    stack = any_stack
     import openai
 
     session = f"chat-{uuid.uuid4().hex[:8]}"
@@ -149,7 +151,8 @@ def test_openai_chat_sdk(stack, scenario, stream):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_openai_responses_sdk(stack, scenario, stream):
+def test_openai_responses_sdk(any_stack, scenario, stream):
+    stack = any_stack
     import openai
 
     session = f"resp-{uuid.uuid4().hex[:8]}"
@@ -181,7 +184,8 @@ def test_openai_responses_sdk(stack, scenario, stream):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_gemini_sdk(stack, scenario, stream):
+def test_gemini_sdk(any_stack, scenario, stream):
+    stack = any_stack
     from google import genai
     from google.genai import types
 

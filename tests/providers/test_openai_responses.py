@@ -310,14 +310,14 @@ def test_stream_custom_tool_call_input_events():
     assert done[0].item.type == "custom_tool_call" and done[0].item.input == PATCH
 
 
-def test_stream_length_cut_ends_with_incomplete():
-    events = list(
-        FakeGateway(result(content="Once upon", finish_reason="length"))
-        .client()
-        .responses.create(model="m", input="x", stream=True)
-    )
-    assert events[-1].type == "response.incomplete"
+def test_stream_length_cut_completes_with_incomplete_status():
+    gateway = FakeGateway(result(content="Once upon", finish_reason="length"))
+    events = list(gateway.client().responses.create(model="m", input="x", stream=True))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.status == "incomplete"
     assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+    with gateway.client().responses.stream(model="m", input="x") as stream:  # the SDK helper accepts it
+        assert stream.get_final_response().output_text == "Once upon"
 
 
 def test_stream_meets_codex_sse_contract():

@@ -1,0 +1,13 @@
+"""Token-faithful prompts: the model's chat template and tokenizer, and parsers for what it samples."""
+
+from polar.tokens.parsers import PARSERS, ParsedTurn, family_for_template, parse_turn
+from polar.tokens.template import ChatTemplate, Continuation
+
+__all__ = [
+    "PARSERS",
+    "ChatTemplate",
+    "Continuation",
+    "ParsedTurn",
+    "family_for_template",
+    "parse_turn",
+]

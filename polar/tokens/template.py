@@ -1,0 +1,304 @@
+"""A model's chat template and tokenizer, as vLLM would apply them, plus token-faithful continuations.
+
+`render` goes through `tokenizer.apply_chat_template` (transformers' own sandboxed Jinja), after
+the one rewrite vLLM applies to OpenAI messages first: tool-call `arguments` JSON text becomes an
+object. So `prompt_ids` is what vLLM's chat endpoint would feed the model.
+
+`continuation` is the token-faithful part: the ids that follow an assistant turn the model sampled,
+built from the template's rendering of only the new messages. It renders a fixed two-message probe
+(a user line, then an assistant turn holding a sentinel) followed by the new messages, and keeps
+what comes after the probe's end-of-turn marker. The probe's size is fixed, so the cost follows the
+new messages (and the tool list, which the system prompt carries) and never the conversation.
+This relies on what ChatML-style templates do: a message renders from itself and its neighbours'
+roles, not from the text of earlier turns. Checks on the probe catch templates that misbehave.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polar.canonical import Message, Tool
+from polar.errors import GatewayError
+from polar.tokens.parsers import THINK_END, THINK_START, ParsedTurn, family_for_template, parse_turn
+
+PROBE_USER = "polar probe: a user line"
+PROBE_SENTINEL = "polar-probe-7c1e9a-assistant-turn"
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """What to append to `previous prompt ids + previous sampled ids`, and how it was made.
+
+    When `failure` is set the template cannot render the new messages on their own: `ids` is
+    empty and the caller must re-render the whole conversation (and record `failure` as why).
+    """
+
+    ids: list[int]
+    text: str  # what `ids` encode: [end-of-turn marker if closing] + bridge + new messages + generation prompt
+    bridge: str  # template text between an end-of-turn marker and the next message ("\n" for ChatML)
+    closed_truncated_turn: bool  # the previous turn lacked the end-of-turn token; `ids` start with it
+    think_open: bool  # the generation prompt leaves a reasoning block open (the sample starts inside it)
+    rendered_messages: int  # how many messages were rendered to build it (probe + new)
+    rendered_chars: int  # how much text was rendered to build it
+    failure: str | None = None
+
+    @classmethod
+    def failed(cls, reason: str) -> Continuation:
+        return cls([], "", "", False, False, 0, 0, failure=reason)
+
+
+class _NoContinuation(Exception):
+    """Internal: why the template cannot continue; surfaces as `Continuation.failure`."""
+
+
+@dataclass(frozen=True)
+class _Probe:
+    end_of_turn: str  # the marker the template writes right after assistant content
+    bridge: str  # what the template writes after it when the conversation ends there
+    tail: str  # sentinel + end_of_turn + bridge: how the probe's assistant turn must end in every render
+
+
+class ChatTemplate:
+    def __init__(self, tokenizer: Any, template_text: str | None = None, *, eos_token_ids: Sequence[int] | None = None):
+        text = template_text if template_text is not None else tokenizer.chat_template
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("no chat template: the tokenizer has none (or several) and none was given")
+        self.tokenizer = tokenizer
+        self.template_text = text
+        self.family = family_for_template(text)
+        ids = [tokenizer.eos_token_id, *(eos_token_ids or [])]
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in ids if isinstance(i, int)))
+        self._probes: dict[bool | None, _Probe] = {}
+        self._generation_prompts: dict[bool | None, str] = {}
+
+    @classmethod
+    def from_dir(cls, path: str | Path, template_path: str | Path | None = None) -> ChatTemplate:
+        """A Hugging Face tokenizer directory; its generation_config.json adds stop ids, as in vLLM."""
+        from transformers import AutoTokenizer
+
+        path = Path(path)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        text = Path(template_path).read_text() if template_path else None
+        return cls(tokenizer, text, eos_token_ids=_generation_eos_ids(path))
+
+    # -- rendering ---------------------------------------------------------------------------
+
+    def render(
+        self,
+        messages: Sequence[Message | dict[str, Any]],
+        tools: Sequence[Tool | dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool | None = None,
+    ) -> str:
+        """The template's text for these messages; template errors are the client's (as in vLLM)."""
+        kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        try:
+            return self.tokenizer.apply_chat_template(
+                openai_messages(messages),
+                tools=openai_tools(tools) or None,
+                chat_template=self.template_text,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **kwargs,
+            )
+        except GatewayError:
+            raise
+        except Exception as exc:  # jinja's TemplateError, raise_exception(), TypeError on odd shapes
+            raise GatewayError("invalid_request", f"the chat template cannot render these messages: {exc}") from None
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids for template text: no BOS/EOS added; special tokens written in the text map to their ids."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def prompt_ids(
+        self,
+        messages: Sequence[Message | dict[str, Any]],
+        tools: Sequence[Tool | dict[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+    ) -> list[int]:
+        """The whole conversation rendered with the generation prompt, as ids (the re-render path)."""
+        return self.encode(self.render(messages, tools, True, enable_thinking))
+
+    # -- token-faithful continuation -----------------------------------------------------------
+
+    @property
+    def end_of_turn(self) -> str | None:
+        """The stop token the template writes right after assistant content (None: it writes none)."""
+        try:
+            return self._probe(None).end_of_turn
+        except _NoContinuation:
+            return None
+
+    @property
+    def end_of_turn_id(self) -> int | None:
+        marker = self.end_of_turn
+        return None if marker is None else self.tokenizer.convert_tokens_to_ids(marker)
+
+    def continuation(
+        self,
+        new_messages: Sequence[Message | dict[str, Any]],
+        tools: Sequence[Tool | dict[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+        *,
+        previous_ended_with_eos: bool,
+    ) -> Continuation:
+        """Ids to append after a sampled assistant turn so the model sees the new messages next.
+
+        `previous_ended_with_eos`: the sampled ids end with `end_of_turn_id`. When they do not
+        (length limit, a stop string, another stop id such as <|endoftext|>), the turn is closed
+        first with the template's end-of-turn marker. When the template cannot render the new
+        messages on their own, the result has `failure` set and no ids.
+        """
+        try:
+            probe = self._probe(enable_thinking)
+            messages = [*_probe_messages(), *openai_messages(new_messages)]
+            rendered = self.render(messages, tools, True, enable_thinking)
+        except _NoContinuation as exc:
+            return Continuation.failed(str(exc))
+        except GatewayError as exc:
+            return Continuation.failed(f"the template cannot render the new messages on their own: {exc.message}")
+        at = rendered.find(PROBE_SENTINEL, max(rendered.find(PROBE_USER), 0))
+        if at < 0 or not rendered.startswith(probe.tail, at):
+            return Continuation.failed(
+                "the template ends an assistant turn differently when messages follow it, so the sampled "
+                "end-of-turn tokens are not what a re-render would show"
+            )
+        text = rendered[at + len(PROBE_SENTINEL) + len(probe.end_of_turn) :]
+        if not previous_ended_with_eos:
+            text = probe.end_of_turn + text
+        return Continuation(
+            ids=self.encode(text),
+            text=text,
+            bridge=probe.bridge,
+            closed_truncated_turn=not previous_ended_with_eos,
+            think_open=self.generation_prompt_opens_think(enable_thinking),
+            rendered_messages=len(messages),
+            rendered_chars=len(rendered),
+        )
+
+    def generation_prompt(self, enable_thinking: bool | None = None) -> str:
+        """The text the template appends to make the model answer (e.g. "<|im_start|>assistant\\n<think>\\n")."""
+        if enable_thinking not in self._generation_prompts:
+            user = [{"role": "user", "content": PROBE_USER}]
+            bare = self.render(user, None, False, enable_thinking)
+            full = self.render(user, None, True, enable_thinking)
+            if not full.startswith(bare):
+                raise ValueError("the template's generation prompt rewrites the conversation before it")
+            self._generation_prompts[enable_thinking] = full[len(bare) :]
+        return self._generation_prompts[enable_thinking]
+
+    def generation_prompt_opens_think(self, enable_thinking: bool | None = None) -> bool:
+        """Does the generation prompt end inside an open reasoning block (the sample starts with reasoning)?"""
+        prompt = self.generation_prompt(enable_thinking)
+        return prompt.rfind(THINK_START) > prompt.rfind(THINK_END)
+
+    def parse(self, text: str, *, enable_thinking: bool | None, finish_reason: str, tools: list[Any]) -> ParsedTurn:
+        """Parse a turn sampled after this template's generation prompt."""
+        return parse_turn(
+            text,
+            self.family,
+            think_open=self.generation_prompt_opens_think(enable_thinking),
+            finish_reason=finish_reason,
+            tools=tools,
+        )
+
+    def _probe(self, enable_thinking: bool | None) -> _Probe:
+        if enable_thinking not in self._probes:
+            self._probes[enable_thinking] = self._measure_probe(enable_thinking)
+        return self._probes[enable_thinking]
+
+    def _measure_probe(self, enable_thinking: bool | None) -> _Probe:
+        try:
+            rendered = self.render(_probe_messages(), None, False, enable_thinking)
+        except GatewayError as exc:
+            raise _NoContinuation(f"the template cannot render a user/assistant exchange: {exc.message}") from None
+        at = rendered.rfind(PROBE_SENTINEL)
+        after = rendered[at + len(PROBE_SENTINEL) :] if at >= 0 else ""
+        markers = [self.tokenizer.convert_ids_to_tokens(i) for i in self.eos_token_ids]
+        end_of_turn = next((m for m in markers if isinstance(m, str) and after.startswith(m)), None)
+        if end_of_turn is None:
+            raise _NoContinuation(
+                f"the template does not end an assistant turn with a stop token right after its content "
+                f"(it writes {after[:40]!r}; stop tokens: {markers})"
+            )
+        bridge = after[len(end_of_turn) :]
+        if any(m in bridge for m in markers if isinstance(m, str)):
+            raise _NoContinuation(f"the template writes more than one stop token after an assistant turn: {after!r}")
+        return _Probe(end_of_turn, bridge, PROBE_SENTINEL + after)
+
+
+# -- OpenAI-shaped inputs, as vLLM hands them to templates ---------------------------------------
+
+
+def openai_messages(messages: Sequence[Message | dict[str, Any]]) -> list[dict[str, Any]]:
+    """Canonical messages or OpenAI chat dicts → what the template sees (tool-call arguments as objects)."""
+    from polar.upstream.vllm_chat import to_openai_messages  # here: the vLLM backends will import this module
+
+    out: list[dict[str, Any]] = []
+    for i, msg in enumerate(messages):
+        if isinstance(msg, Message):
+            out.extend(_with_argument_objects(m, i) for m in to_openai_messages(msg))
+        elif isinstance(msg, dict):
+            out.append(_with_argument_objects(msg, i))
+        else:
+            raise GatewayError("invalid_request", f"messages[{i}] must be an object, got {type(msg).__name__}")
+    return out
+
+
+def openai_tools(tools: Sequence[Tool | dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Canonical tools or OpenAI tool dicts → the dicts vLLM passes to templates (same shape as its chat body)."""
+    out = []
+    for tool in tools or []:
+        if isinstance(tool, Tool):
+            fn = {"name": tool.name, "description": tool.description or "", "parameters": tool.parameters}
+            out.append({"type": "function", "function": fn})
+        else:
+            out.append(tool)
+    return out
+
+
+def _with_argument_objects(message: dict[str, Any], index: int) -> dict[str, Any]:
+    """vLLM parses each tool call's `arguments` JSON text into an object before templating."""
+    calls = message.get("tool_calls")
+    if message.get("role") != "assistant" or not isinstance(calls, list):
+        return message
+    if not calls:
+        return {k: v for k, v in message.items() if k != "tool_calls"}
+    parsed = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            raise GatewayError("invalid_request", f"messages[{index}].tool_calls[{j}] has no function object")
+        args = fn.get("arguments")
+        if isinstance(args, str) and args.strip():
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError as exc:
+                raise GatewayError(
+                    "invalid_request",
+                    f"messages[{index}].tool_calls[{j}].function.arguments is not JSON: {exc}",
+                    param=f"messages[{index}].tool_calls[{j}].function.arguments",
+                ) from None
+        elif not isinstance(args, (dict, list)):
+            args = {}
+        parsed.append({**call, "function": {**fn, "arguments": args}})
+    return {**message, "tool_calls": parsed}
+
+
+def _probe_messages() -> list[dict[str, Any]]:
+    return [{"role": "user", "content": PROBE_USER}, {"role": "assistant", "content": PROBE_SENTINEL}]
+
+
+def _generation_eos_ids(path: Path) -> list[int]:
+    config = path / "generation_config.json"
+    if not config.is_file():
+        return []
+    value = json.loads(config.read_text()).get("eos_token_id")
+    return [value] if isinstance(value, int) else [i for i in value or [] if isinstance(i, int)]

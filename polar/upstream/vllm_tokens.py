@@ -1,0 +1,216 @@
+"""Token-in, token-out turns against vLLM: polar builds the prompt ids, vLLM only samples.
+
+When a request extends an earlier turn of its session, the prompt is that turn's prompt ids +
+its sampled ids + the template's rendering of only the new messages, so no sampled token is
+ever re-encoded. Otherwise the whole conversation is rendered with the model's chat template
+and the capture records why the prefix could not be kept. The sampled ids are decoded and
+parsed here (reasoning, content, tool calls) by the model family's parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, Reasoning, TextPart, Usage
+from polar.errors import GatewayError
+from polar.tokens.buffers import Extension, SessionBuffers, Turn, message_fingerprint, request_context_key
+from polar.tokens.parsers import parse_turn
+from polar.tokens.template import ChatTemplate
+from polar.upstream.vllm_chat import VLLMChat, to_openai_messages
+
+log = logging.getLogger("polar.tokens")
+
+
+class TokenFaithful:
+    """A gateway backend: token-faithful prompts, token-id calls to vLLM, local output parsing."""
+
+    def __init__(self, chat: VLLMChat, template: ChatTemplate, family: str, endpoint: str = "auto"):
+        self.chat = chat  # model name, /tokenize, the HTTP client, and the image fallback
+        self.template = template
+        self.family = family
+        self.endpoint = endpoint  # auto | generate | completions
+        self.buffers = SessionBuffers()
+        self._max_model_len: int | None = None
+
+    async def model(self) -> str:
+        return await self.chat.model()
+
+    async def aclose(self) -> None:
+        await self.chat.aclose()
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        return len(await asyncio.to_thread(self._render_all, request))
+
+    async def complete(self, request: ChatRequest, call_id: str, session: str = "", row_id: int = 0) -> ChatResult:
+        if any(isinstance(p, ImagePart) for m in request.messages for p in m.content):
+            result = await self.chat.complete(request, call_id)  # vLLM's own multimodal processing
+            result.prompt_mode = "chat-template (images)"
+            return result
+        extension, reason = self.buffers.find(session, request)
+        if extension is not None:
+            prompt_ids, mode = self._extend(extension, request)
+            if prompt_ids is None:
+                extension, reason = None, mode
+        if extension is None:
+            prompt_ids = await asyncio.to_thread(self._render_all, request)
+            mode = f"re-render: {reason}"
+        sampled, logprobs, finish, stop_reason, version = await self._sample(prompt_ids, request)
+        result = self._result(request, call_id, prompt_ids, sampled, logprobs, finish, stop_reason, version)
+        result.prompt_mode = mode
+        self.buffers.record(
+            session,
+            Turn(
+                call_row=row_id,
+                context_key=request_context_key(request),
+                message_keys=[message_fingerprint(m) for m in request.messages],
+                answer_key=message_fingerprint(_assistant_message(result)),
+                ids=np.concatenate([np.asarray(prompt_ids, "<u4"), np.asarray(sampled, "<u4")]),
+                prompt_len=len(prompt_ids),
+                ended_with_eos=bool(sampled) and sampled[-1] == self.template.end_of_turn_id,
+            ),
+            extended=extension.turn if extension is not None else None,
+        )
+        return result
+
+    # -- prompt construction ---------------------------------------------------------------
+
+    def _tools(self, request: ChatRequest) -> list[dict[str, Any]] | None:
+        return [
+            {"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.parameters}}
+            for t in request.tools
+        ] or None
+
+    def _render_all(self, request: ChatRequest) -> list[int]:
+        messages = [m for msg in request.messages for m in to_openai_messages(msg)]
+        return self.template.prompt_ids(messages, self._tools(request), request.thinking.enabled)
+
+    def _extend(self, ext: Extension, request: ChatRequest) -> tuple[list[int] | None, str]:
+        new = [m for msg in ext.new_messages for m in to_openai_messages(msg)]
+        cont = self.template.continuation(
+            new, self._tools(request), request.thinking.enabled, previous_ended_with_eos=ext.turn.ended_with_eos
+        )
+        if cont is None or getattr(cont, "failure", None):
+            return None, f"template cannot render the new messages alone: {getattr(cont, 'failure', 'unknown')}"
+        mode = "token-faithful" + (" (closed a truncated turn)" if getattr(cont, "closed_truncated_turn", False) else "")
+        return ext.turn.ids.tolist() + list(cont.ids), mode
+
+    # -- sampling ----------------------------------------------------------------------------
+
+    async def _limit(self) -> int:
+        if self._max_model_len is None:
+            listing = await self.chat._call("GET", "/v1/models")
+            cards = listing.get("data", []) if isinstance(listing, dict) else []
+            self._max_model_len = next((c.get("max_model_len") for c in cards if c.get("max_model_len")), 0) or 32768
+        return self._max_model_len
+
+    async def _sample(self, prompt_ids: list[int], request: ChatRequest):
+        s = request.sampling
+        window = await self._limit()
+        room = window - len(prompt_ids)
+        if room <= 0:
+            raise GatewayError(
+                "context_length",
+                f"the prompt is {len(prompt_ids)} tokens; the model's maximum context length is {window} tokens",
+            )
+        params: dict[str, Any] = {"max_tokens": min(s.max_tokens or room, room)}
+        for key in ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty"):
+            if getattr(s, key) is not None:
+                params[key] = getattr(s, key)
+        if s.stop:
+            params["stop"] = s.stop
+        if self.endpoint == "auto":
+            self.endpoint = await self._probe_generate()
+        if self.endpoint == "generate":
+            body = {"model": await self.model(), "token_ids": prompt_ids, "sampling_params": {**params, "logprobs": 0},
+                    "output_mode": "tokens", "return_token_ids": True}
+            return _from_generate(await self.chat._call("POST", "/inference/v1/generate", body))
+        body = {"model": await self.model(), "prompt": prompt_ids, **params, "logprobs": 0,
+                "return_token_ids": True, "skip_special_tokens": False}
+        return _from_completions(await self.chat._call("POST", "/v1/completions", body))
+
+    async def _probe_generate(self) -> str:
+        """vLLM offers /inference/v1/generate only when started with --enable-scale-out."""
+        try:
+            resp = await self.chat.client.post("/inference/v1/generate", json={})
+        except Exception:
+            return "completions"
+        endpoint = "completions" if resp.status_code in (404, 405) else "generate"
+        log.info("token-in calls go to %s", "/inference/v1/generate" if endpoint == "generate" else "/v1/completions")
+        return endpoint
+
+    def _result(self, request, call_id, prompt_ids, sampled, logprobs, finish, stop_reason, version) -> ChatResult:
+        eos = self.template.eos_token_ids
+        body = sampled[:-1] if sampled and sampled[-1] in eos else sampled
+        text = self.template.tokenizer.decode(body, skip_special_tokens=False)
+        stop_sequence = stop_reason if isinstance(stop_reason, str) and stop_reason in request.sampling.stop else None
+        if stop_sequence and stop_sequence in text:
+            text = text[: text.index(stop_sequence)]
+        parsed = parse_turn(
+            text,
+            self.family,
+            think_open=self.template.generation_prompt_opens_think(request.thinking.enabled),
+            finish_reason=finish,
+            tools=self._tools(request) or [],
+        )
+        if finish == "length":
+            reason = "length"
+        elif parsed.tool_calls:
+            reason = "tool_calls"
+        elif stop_sequence:
+            reason = "stop_sequence"
+        else:
+            reason = "stop"
+        return ChatResult(
+            id=call_id,
+            model=self.chat._model or "",
+            created=int(time.time()),
+            content=parsed.content,
+            reasoning=Reasoning(text=parsed.reasoning) if parsed.reasoning else None,
+            tool_calls=parsed.tool_calls,
+            finish_reason=reason,
+            stop_sequence=stop_sequence,
+            usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(sampled)),
+            prompt_token_ids=list(prompt_ids),
+            completion_token_ids=list(sampled),
+            completion_logprobs=list(logprobs),
+            policy_version=version,
+            malformed=list(parsed.malformed),
+        )
+
+
+def _assistant_message(result: ChatResult) -> Message:
+    return Message(
+        role="assistant",
+        content=[TextPart(text=result.content)] if result.content else [],
+        reasoning=[result.reasoning] if result.reasoning else [],
+        tool_calls=result.tool_calls,
+    )
+
+
+def _from_generate(data: Any):
+    try:
+        choice = data["choices"][0]
+        ids = list(choice["token_ids"])
+        content = (choice.get("logprobs") or {}).get("content") or []
+        logprobs = [float(c["logprob"]) for c in content]
+        versions = choice.get("weight_versions") or []
+        version = versions[-1].get("version") if versions else None
+        return ids, logprobs, choice.get("finish_reason") or "stop", choice.get("stop_reason"), version
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise GatewayError("upstream_error", f"the upstream's generate answer has no token ids ({exc})") from None
+
+
+def _from_completions(data: Any):
+    try:
+        choice = data["choices"][0]
+        ids = list(choice["token_ids"])
+        lp = choice.get("logprobs") or {}
+        logprobs = [float(x) if x is not None else 0.0 for x in (lp.get("token_logprobs") or [])]
+        return ids, logprobs, choice.get("finish_reason") or "stop", choice.get("stop_reason"), None
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise GatewayError("upstream_error", f"the upstream's completion answer has no token ids ({exc})") from None
