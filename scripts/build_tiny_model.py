@@ -64,7 +64,24 @@ ARCH = {
     "max_position_embeddings": 65536,
 }
 SEED = 20240601
-INIT_STD = 0.02
+EMBED_STD = 0.3
+
+# Shaped random init. With plain N(0, 0.02) weights the next-token distribution is uniform over
+# 248k ids, so the model never ends a turn (every call runs to max_tokens). Instead, residual
+# dimensions 0 and 1 are reserved as constant "carriers": every embedding row holds CARRIER in both,
+# and no layer reads them (norm weight 0) or writes them (o_proj/down_proj rows 0), so they dominate
+# the RMS of every position and pin each norm's scale. The final norm weighs dim 0 by +w and dim 1 by
+# -w: through the tied output embedding their uniform logit shifts cancel, while the extra LIFT that
+# <|im_end|> and </think> hold in dim 0 becomes a fixed logit bonus for those two tokens. It is tuned
+# so that a turn ends after some tens to a few hundred tokens, greedy decoding included. </think> gets
+# a smaller bonus (a larger one makes the model repeat it), so with thinking on, most turns are all
+# reasoning. The lift is small next to the carrier, so those tokens as inputs barely change the scale.
+CARRIER = 1024.0  # these values are exact in bfloat16
+LIFT = {"<|im_end|>": 104.0, "</think>": 96.0}
+CARRIER_OUT_WEIGHT = 0.0193  # final norm weight on dims 0/1: a bonus of ~0.154 * LIFT
+OUT_GAIN = 55.0  # final norm weight elsewhere: spreads the other logits (std ~6)
+LAYER_GAIN = (425.0, 86.0)  # per-layer input norm weights that bring each layer's input back to unit scale
+MLP_GAIN = 3.0  # MLP output outweighs the token's own embedding, so the model does not just repeat its input
 
 # Text that exercises the byte-level BPE and NFC: scripts, combining marks, emoji, code, markup.
 SAMPLE_CORPUS = [
@@ -203,7 +220,6 @@ def model_config(vocab_size: int) -> dict:
         "sliding_window": None,
         "max_window_layers": ARCH["num_hidden_layers"],
         "tie_word_embeddings": True,
-        "initializer_range": INIT_STD,
         "use_cache": True,
         "bos_token_id": EXPECTED_IDS[PAD],
         "eos_token_id": EXPECTED_IDS[EOS],
@@ -212,30 +228,43 @@ def model_config(vocab_size: int) -> dict:
     }
 
 
-def random_weights(vocab_size: int) -> dict[str, np.ndarray]:
-    """Hugging Face Qwen3 parameter names and shapes; normal(0, 0.02) matrices, unit norms."""
+def random_weights(specials: dict[str, int]) -> dict[str, np.ndarray]:
+    """Hugging Face Qwen3 parameter names and shapes, with the shaping described at LIFT."""
     rng = np.random.default_rng(SEED)
-    h, inter, hd = ARCH["hidden_size"], ARCH["intermediate_size"], ARCH["head_dim"]
+    vocab, h, inter, hd = max(specials.values()) + 1, ARCH["hidden_size"], ARCH["intermediate_size"], ARCH["head_dim"]
     q, kv = ARCH["num_attention_heads"] * hd, ARCH["num_key_value_heads"] * hd
 
-    def normal(*shape: int) -> np.ndarray:
-        return rng.normal(0.0, INIT_STD, size=shape).astype(np.float32)
+    def normal(rows: int, cols: int, std: float) -> np.ndarray:
+        return rng.normal(0.0, std, size=(rows, cols)).astype(np.float32)
 
-    weights = {"model.embed_tokens.weight": normal(vocab_size, h), "model.norm.weight": np.ones(h, np.float32)}
+    def gains(rest: float, carrier: float = 0.0, sign: float = 1.0) -> np.ndarray:
+        g = np.full(h, rest, np.float32)
+        g[:2] = carrier, sign * carrier
+        return g
+
+    def no_carrier_write(w: np.ndarray) -> np.ndarray:
+        w[:2] = 0.0
+        return w
+
+    embed = normal(vocab, h, EMBED_STD)
+    embed[:, :2] = CARRIER
+    for token, lift in LIFT.items():
+        embed[specials[token], 0] += lift
+    weights = {"model.embed_tokens.weight": embed, "model.norm.weight": gains(OUT_GAIN, CARRIER_OUT_WEIGHT, -1.0)}
     for i in range(ARCH["num_hidden_layers"]):
-        p = f"model.layers.{i}."
+        p, gain = f"model.layers.{i}.", LAYER_GAIN[i]
         weights |= {
-            p + "input_layernorm.weight": np.ones(h, np.float32),
-            p + "post_attention_layernorm.weight": np.ones(h, np.float32),
-            p + "self_attn.q_proj.weight": normal(q, h),
-            p + "self_attn.k_proj.weight": normal(kv, h),
-            p + "self_attn.v_proj.weight": normal(kv, h),
-            p + "self_attn.o_proj.weight": normal(h, q),
+            p + "input_layernorm.weight": gains(gain),
+            p + "post_attention_layernorm.weight": gains(gain),
+            p + "self_attn.q_proj.weight": normal(q, h, h**-0.5),
+            p + "self_attn.k_proj.weight": normal(kv, h, h**-0.5),
+            p + "self_attn.v_proj.weight": normal(kv, h, h**-0.5),
+            p + "self_attn.o_proj.weight": no_carrier_write(normal(h, q, q**-0.5)),
             p + "self_attn.q_norm.weight": np.ones(hd, np.float32),
             p + "self_attn.k_norm.weight": np.ones(hd, np.float32),
-            p + "mlp.gate_proj.weight": normal(inter, h),
-            p + "mlp.up_proj.weight": normal(inter, h),
-            p + "mlp.down_proj.weight": normal(h, inter),
+            p + "mlp.gate_proj.weight": normal(inter, h, h**-0.5),
+            p + "mlp.up_proj.weight": normal(inter, h, h**-0.5),
+            p + "mlp.down_proj.weight": no_carrier_write(normal(h, inter, MLP_GAIN * inter**-0.5)),
         }
     return weights  # lm_head is tied to embed_tokens, so it is not stored
 
@@ -258,15 +287,16 @@ def save_bfloat16(weights: dict[str, np.ndarray], path: Path) -> None:
     serialize_file(specs, str(path), metadata={"format": "pt"})
 
 
-def write_model(out: Path, vocab_size: int) -> None:
-    (out / "config.json").write_text(json.dumps(model_config(vocab_size), indent=2) + "\n")
+def write_model(out: Path, specials: dict[str, int]) -> None:
+    (out / "config.json").write_text(json.dumps(model_config(max(specials.values()) + 1), indent=2) + "\n")
     generation = {
         "bos_token_id": EXPECTED_IDS[PAD],
         "eos_token_id": [EXPECTED_IDS[EOS], EXPECTED_IDS[PAD]],
         "pad_token_id": EXPECTED_IDS[PAD],
     }
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    save_bfloat16(random_weights(vocab_size), out / "model.safetensors")
+    save_bfloat16(random_weights(specials), out / "model.safetensors")
+    (out / "model.safetensors").chmod(0o644)
 
 
 # ---------------------------------------------------------------- driver
@@ -286,7 +316,7 @@ def build(out: Path, template: Path, tokenizer_only: bool, force: bool) -> bool:
         write_tokenizer_files(work, template)
         verify_tokenizer(work, specials)
         if not tokenizer_only:
-            write_model(work, vocab_size=specials[-1][0] + 1)
+            write_model(work, {token: i for i, token in specials})
         stamp = {"recipe": recipe, "weights": not tokenizer_only, "chat_template": str(template)}
         (work / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
         shutil.rmtree(out, ignore_errors=True)

@@ -1,0 +1,1 @@
+"""Helpers shared by test modules (real servers, fixtures)."""
