@@ -8,18 +8,13 @@ fault it was, so each provider can answer in its own error shape.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from typing import Any
 
-import httpx
-
 from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, Reasoning, TextPart, ToolCall, Usage
 from polar.errors import GatewayError
-
-_CONTEXT_MARKERS = ("maximum context length", "context length", "too long", "max_model_len", "maximum model length")
-
+from polar.upstream.http import UpstreamHTTP
 
 class VLLMChat:
     def __init__(
@@ -32,23 +27,17 @@ class VLLMChat:
     ):
         self.base_url = base_url.rstrip("/")
         self._model = model
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=10.0),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        self.http = UpstreamHTTP(base_url, api_key=api_key, timeout=timeout, max_connections=max_connections)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.http.aclose()
 
     # -- model -----------------------------------------------------------------------------
 
     async def model(self) -> str:
         """The served model name: configured, or the first one the upstream lists."""
         if self._model is None:
-            listing = await self._call("GET", "/v1/models")
+            listing = await self.http.call("GET", "/v1/models")
             try:
                 self._model = listing["data"][0]["id"]
             except (KeyError, IndexError, TypeError):
@@ -60,13 +49,13 @@ class VLLMChat:
     async def complete(self, request: ChatRequest, call_id: str, session: str = "", row_id: int = 0) -> ChatResult:
         body = await self.chat_body(request)
         started = time.time()
-        data = await self._call("POST", "/v1/chat/completions", body)
+        data = await self.http.call("POST", "/v1/chat/completions", body)
         return parse_chat_completion(data, call_id, request, started)
 
     async def count_tokens(self, request: ChatRequest) -> int:
         body = await self.chat_body(request)
         keep = ("model", "messages", "tools", "chat_template_kwargs")
-        data = await self._call("POST", "/tokenize", {k: body[k] for k in keep if k in body})
+        data = await self.http.call("POST", "/tokenize", {k: body[k] for k in keep if k in body})
         if not isinstance(data, dict) or not isinstance(data.get("count"), int):
             raise GatewayError("upstream_error", "the upstream's /tokenize answer has no token count")
         return data["count"]
@@ -102,52 +91,6 @@ class VLLMChat:
         if request.response_schema is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {"name": "response", "schema": request.response_schema}}
         return body
-
-    async def _call(self, method: str, path: str, body: dict | None = None) -> Any:
-        url = f"{self.base_url}{path}"
-        try:
-            resp = await self.client.request(method, path, json=body)
-        except httpx.TimeoutException:
-            raise GatewayError("upstream_timeout", f"the upstream {url} did not answer in time") from None
-        except httpx.ConnectError as exc:
-            raise GatewayError("upstream_unavailable", f"cannot connect to the upstream {url}: {exc}") from None
-        except httpx.HTTPError as exc:  # reset mid-body, protocol errors
-            raise GatewayError("upstream_error", f"the upstream {url} broke off: {type(exc).__name__}: {exc}") from None
-        try:
-            data = resp.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            snippet = resp.text[:200] if resp.content else "<empty body>"
-            raise GatewayError(
-                "upstream_error", f"the upstream {url} answered {resp.status_code} with a body that is not JSON: {snippet!r}"
-            ) from None
-        if resp.status_code >= 400:
-            raise upstream_status_error(resp.status_code, data, url)
-        return data
-
-
-def upstream_status_error(status: int, data: Any, url: str) -> GatewayError:
-    message = _error_message(data)
-    if status in (400, 413, 422) and any(m in message.lower() for m in _CONTEXT_MARKERS):
-        return GatewayError("context_length", f"the prompt is too long for the model: {message}")
-    if status in (400, 422):
-        return GatewayError("invalid_request", f"the upstream rejected the request: {message}")
-    if status == 429:
-        return GatewayError("rate_limit", f"the upstream is rate limiting: {message}")
-    if status == 503:
-        return GatewayError("upstream_unavailable", f"the upstream is unavailable: {message}")
-    return GatewayError("upstream_error", f"the upstream {url} answered {status}: {message}")
-
-
-def _error_message(data: Any) -> str:
-    if isinstance(data, dict):
-        err = data.get("error", data)
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-        if isinstance(data.get("message"), str):
-            return data["message"]
-    return json.dumps(data)[:300]
 
 
 def to_openai_messages(msg: Message) -> list[dict[str, Any]]:

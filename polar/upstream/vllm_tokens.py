@@ -103,7 +103,7 @@ class TokenFaithful:
 
     async def _limit(self) -> int:
         if self._max_model_len is None:
-            listing = await self.chat._call("GET", "/v1/models")
+            listing = await self.chat.http.call("GET", "/v1/models")
             cards = listing.get("data", []) if isinstance(listing, dict) else []
             self._max_model_len = next((c.get("max_model_len") for c in cards if c.get("max_model_len")), 0) or 32768
         return self._max_model_len
@@ -128,18 +128,15 @@ class TokenFaithful:
         if self.endpoint == "generate":
             body = {"model": await self.model(), "token_ids": prompt_ids, "sampling_params": {**params, "logprobs": 0},
                     "output_mode": "tokens", "return_token_ids": True}
-            return _from_generate(await self.chat._call("POST", "/inference/v1/generate", body))
+            return _from_generate(await self.chat.http.call("POST", "/inference/v1/generate", body))
         body = {"model": await self.model(), "prompt": prompt_ids, **params, "logprobs": 0,
                 "return_token_ids": True, "skip_special_tokens": False}
-        return _from_completions(await self.chat._call("POST", "/v1/completions", body))
+        return _from_completions(await self.chat.http.call("POST", "/v1/completions", body))
 
     async def _probe_generate(self) -> str:
         """vLLM offers /inference/v1/generate only when started with --enable-scale-out."""
-        try:
-            resp = await self.chat.client.post("/inference/v1/generate", json={})
-        except Exception:
-            return "completions"
-        endpoint = "completions" if resp.status_code in (404, 405) else "generate"
+        status = await self.chat.http.status("POST", "/inference/v1/generate", {})
+        endpoint = "generate" if status is not None and status not in (404, 405) else "completions"
         log.info("token-in calls go to %s", "/inference/v1/generate" if endpoint == "generate" else "/v1/completions")
         return endpoint
 
