@@ -89,7 +89,7 @@ def drive_anthropic(url: str, session: str, thinking: bool) -> int:
     return TURNS
 
 
-def drive_chat(url: str, session: str, thinking: bool) -> int:
+def drive_chat(url: str, session: str, thinking: bool, turns: int = TURNS) -> int:
     import openai
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk", default_headers={"x-polar-session": session})
@@ -97,7 +97,7 @@ def drive_chat(url: str, session: str, thinking: bool) -> int:
     extra = {"chat_template_kwargs": {"enable_thinking": thinking}}
     messages: list[dict] = [{"role": "user", "content": TASK}]
     follow = iter(FOLLOW_UPS)
-    for turn in range(TURNS):
+    for turn in range(turns):
         msg = client.chat.completions.create(model="gpt-5", messages=messages, tools=tools, max_tokens=MAX_TOKENS,
                                              extra_body=extra).choices[0].message
         messages.append(msg.model_dump(exclude_none=True))
@@ -107,7 +107,7 @@ def drive_chat(url: str, session: str, thinking: bool) -> int:
                                  "content": tool_output(c.function.name, json.loads(c.function.arguments))})
         else:
             messages.append({"role": "user", "content": next(follow, "Thanks.")})
-    return TURNS
+    return turns
 
 
 def drive_responses(url: str, session: str, thinking: bool) -> int:
