@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 from pathlib import Path
 
 import click
@@ -43,11 +44,14 @@ def proxy(upstream, upstream_model, tokenizer, db, mode, host, port, web, web_po
         if not sep:
             raise click.BadParameter(f"expected OPTION=VALUE, got {item!r}", param_hint="--set")
         extra[key] = value
+    web_url = ""
+    if web and "web_password" not in extra:
+        # mitmweb refuses requests without its token; choose it here so the URL can be printed.
+        extra["web_password"] = secrets.token_urlsafe(16)
+        web_url = f"; mitmweb on http://{host}:{web_port}/?token={extra['web_password']}"
     config = ProxyConfig(upstream=upstream, db=db, mode=mode, host=host, port=port, upstream_model=upstream_model,
-                         tokenizer=tokenizer,
-                         web=web, web_port=web_port, extra=extra)
-    click.echo(f"polar {mode} proxy on http://{host}:{port} → {upstream}; captures in {db}"
-               + (f"; mitmweb on http://{host}:{web_port}" if web else ""))
+                         tokenizer=tokenizer, web=web, web_port=web_port, extra=extra)
+    click.echo(f"polar {mode} proxy on http://{host}:{port} → {upstream}; captures in {db}{web_url}")
     asyncio.run(serve(config))
 
 

@@ -153,6 +153,8 @@ class SubprocessProxy:
             cmd += ["--upstream-model", c.upstream_model]
         if c.tokenizer:
             cmd += ["--tokenizer", c.tokenizer]
+        if c.web:
+            cmd += ["--web", "--web-port", str(c.web_port)]
         for key, value in c.extra.items():
             cmd += ["--set", f"{key}={value}"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)

@@ -1,0 +1,32 @@
+"""`polar proxy --web`: every model call shows up in mitmweb with polar's session, provider and tokens."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from polar.proxy import ProxyConfig, SubprocessProxy, free_port
+
+
+def test_mitmweb_lists_calls_with_polar_metadata(double_server, tmp_path):
+    double, upstream = double_server
+    httpx.post(f"{upstream}/_double/script", json={"steps": [{"content": "seen in mitmweb"}]}).raise_for_status()
+    web_port = free_port()
+    proxy = SubprocessProxy(ProxyConfig(upstream=upstream, db=str(tmp_path / "c.db"), port=free_port(), web=True,
+                                        web_port=web_port, extra={"web_password": "polar-test"}))
+    proxy.start()
+    try:
+        resp = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"x-polar-session": "web-1"},
+                          json={"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+        assert resp.json()["choices"][0]["message"]["content"] == "seen in mitmweb"
+        with httpx.Client(base_url=f"http://127.0.0.1:{web_port}", timeout=10) as web:
+            assert web.get("/", params={"token": "polar-test"}).status_code == 200  # sets the auth cookie
+            deadline = time.time() + 10
+            while not (flows := web.get("/flows").json()) and time.time() < deadline:
+                time.sleep(0.2)
+        (flow,) = [f for f in flows if f["request"]["path"] == "/v1/chat/completions"]
+        assert "session=web-1" in flow["comment"] and "provider=openai_chat" in flow["comment"]
+        assert "completion_tokens=" in flow["comment"]
+    finally:
+        proxy.stop()
