@@ -26,10 +26,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 STAMP="$VENV/.polar-installed"
-WANT="$(sha256sum "$REPO/pyproject.toml" | cut -c1-16)"
+WANT="$(cat "$REPO/pyproject.toml" "$REPO/scripts/constraints.txt" | sha256sum | cut -c1-16)"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   echo "bootstrap: installing polar and its dependencies into $VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$REPO[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+  "$VENV/bin/pip" install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+  # Constraints pin every version: without them pip's resolver can backtrack for many minutes.
+  "$VENV/bin/pip" install -q --disable-pip-version-check -c "$REPO/scripts/constraints.txt" -e "$REPO[dev]" \
+    2>&1 | grep -v "^WARNING: Location" || true
   "$VENV/bin/python" -c "import polar, mitmproxy" # fail loudly if the install did not take
   echo "$WANT" > "$STAMP"
 fi
