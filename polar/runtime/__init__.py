@@ -1,0 +1,29 @@
+"""Where harnesses run: sandboxes (Docker, Apptainer, or local processes) whose model calls reach polar.
+
+`Runtime.start(SandboxSpec)` gives a `Sandbox` for one session; see `base` for the interface,
+`docker_runtime` for transparent capture in containers, `images` for building their images.
+"""
+
+from polar.runtime.base import (
+    AddressBook,
+    ExecResult,
+    Mount,
+    Resources,
+    Runtime,
+    RuntimeUnavailable,
+    Sandbox,
+    SandboxSpec,
+    ca_env,
+)
+
+__all__ = [
+    "AddressBook",
+    "ExecResult",
+    "Mount",
+    "Resources",
+    "Runtime",
+    "RuntimeUnavailable",
+    "Sandbox",
+    "SandboxSpec",
+    "ca_env",
+]
