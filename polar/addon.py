@@ -15,6 +15,7 @@ from mitmproxy import ctx, http
 
 from polar.capture.store import CaptureStore
 from polar.gateway import Gateway, GatewayRequest
+from polar.sessions import SessionRegistry
 from polar.upstream.vllm_chat import VLLMChat
 
 log = logging.getLogger("polar.addon")
@@ -38,6 +39,7 @@ def token_faithful(chat: VLLMChat, tokenizer_dir: str, template_path: str, endpo
 class PolarAddon:
     def __init__(self) -> None:
         self.gateway: Gateway | None = None
+        self.registry: SessionRegistry | None = None
         self._retired: list = []
 
     def load(self, loader) -> None:
@@ -69,6 +71,9 @@ class PolarAddon:
         if self.gateway is not None:
             self._retired.append(self.gateway)
         store = CaptureStore(opts.polar_db, synchronous=opts.polar_db_sync)
+        if self.registry is None or "polar_db" in updated:
+            # Registered keys/addresses outlive a reconfiguration; the salt belongs to the database.
+            self.registry = SessionRegistry(salt=store.key_salt())
         interrupted = store.mark_interrupted()
         if interrupted:
             log.warning("marked %d calls from an earlier run as interrupted", interrupted)
@@ -80,7 +85,8 @@ class PolarAddon:
         )
         if opts.polar_tokenizer:
             backend = token_faithful(backend, opts.polar_tokenizer, opts.polar_chat_template, opts.polar_token_endpoint)
-        self.gateway = Gateway(store, backend, max_body_bytes=opts.polar_max_body, model_aliases=list(opts.polar_model_aliases))
+        self.gateway = Gateway(store, backend, registry=self.registry, max_body_bytes=opts.polar_max_body,
+                               model_aliases=list(opts.polar_model_aliases))
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or self.gateway is None:
@@ -91,12 +97,14 @@ class PolarAddon:
         except ValueError:  # undecodable content-encoding: hand over the raw bytes
             body = req.raw_content or b""
         peer = flow.client_conn.peername
+        headers = {k.lower(): v for k, v in req.headers.items()}
+        headers.setdefault("host", req.host_header or req.pretty_host)  # HTTP/2 carries :authority only
         out = await self.gateway.handle(
             GatewayRequest(
                 method=req.method,
                 path=req.path.split("?", 1)[0],
                 query=dict(req.query),
-                headers={k.lower(): v for k, v in req.headers.items()},
+                headers=headers,
                 body=body,
                 client_addr=peer[0] if peer else None,
             )

@@ -101,6 +101,11 @@ class BackgroundProxy:
     def addon(self) -> PolarAddon:
         return self._holder["addon"]
 
+    @property
+    def master(self):
+        """The running mitmproxy master (to add listeners, e.g. for a container network)."""
+        return self._holder["master"]
+
     def start(self, timeout: float = 30) -> str:
         import socket
 

@@ -88,7 +88,7 @@ def stack(double_server, tokenizer_dir, tmp_path_factory):
     double, upstream_url = double_server
     db = tmp_path_factory.mktemp("captures") / "captures.db"
     proxy = BackgroundProxy(ProxyConfig(upstream=upstream_url, db=str(db), port=free_port(), tokenizer=str(tokenizer_dir),
-                                        extra={"polar_upstream_timeout": 3}))
+                                        extra={"polar_upstream_timeout": 60}))
     proxy.start()
     yield Stack(proxy.url, upstream_url, db, double, proxy, "token-faithful")
     proxy.stop()
@@ -102,7 +102,7 @@ def chat_stack(double_server, tmp_path_factory):
     double, upstream_url = double_server
     db = tmp_path_factory.mktemp("captures-chat") / "captures.db"
     proxy = SubprocessProxy(ProxyConfig(upstream=upstream_url, db=str(db), port=free_port(),
-                                        extra={"polar_upstream_timeout": 3}))
+                                        extra={"polar_upstream_timeout": 60}))
     proxy.start()
     yield Stack(proxy.url, upstream_url, db, double, proxy, "chat-template")
     proxy.stop()
@@ -118,7 +118,7 @@ def any_stack(request):
 def _reset_double(request):
     """Each test starts with no script and no fault on the shared double."""
     yield
-    if {"stack", "chat_stack", "any_stack"} & set(request.fixturenames):
+    if {"stack", "chat_stack", "any_stack", "double_server"} & set(request.fixturenames):
         double, url = request.getfixturevalue("double_server")
         httpx.post(f"{url}/_double/script", json={"rules": []}).raise_for_status()
         httpx.post(f"{url}/_double/fault", json={"count": 0}).raise_for_status()

@@ -74,13 +74,16 @@ class SessionBuffers:
         self._sessions: OrderedDict[str, list[Turn]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def find(self, session: str, request: ChatRequest) -> tuple[Extension | None, str]:
-        """The longest earlier turn this request extends, or None and the reason why not."""
+    def find(self, session: str, request: ChatRequest, keys: list[str]) -> tuple[Extension | None, str]:
+        """The longest earlier turn this request extends, or None and the reason why not.
+
+        `keys` are the request's message fingerprints (computed once by the caller, who records
+        them with the new turn).
+        """
         turns = self._sessions.get(session)
         if not turns:
             return None, "first call of the session"
         context = request_context_key(request)
-        keys = [message_fingerprint(m) for m in request.messages]
         best: Turn | None = None
         reason = "no earlier turn's messages and answer are a prefix of this request"
         for turn in turns:

@@ -31,7 +31,9 @@ class UpstreamHTTP:
             self._session = aiohttp.ClientSession(
                 headers=self._headers,
                 timeout=self._timeout,
-                connector=aiohttp.TCPConnector(limit=self._max_connections, ttl_dns_cache=300),
+                # Below uvicorn's (and so vLLM's) 5 s keep-alive: never reuse a socket the server
+                # is about to close.
+                connector=aiohttp.TCPConnector(limit=self._max_connections, ttl_dns_cache=300, keepalive_timeout=3),
                 json_serialize=lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":")),
             )
         return self._session
@@ -52,8 +54,12 @@ class UpstreamHTTP:
     async def call(self, method: str, path: str, body: Any = None) -> Any:
         url = self.base_url + path
         try:
-            async with self._client().request(method, url, json=body) as resp:
-                status, raw = resp.status, await resp.read()
+            try:
+                status, raw = await self._send(method, url, body)
+            except aiohttp.ServerDisconnectedError:
+                # A pooled keep-alive socket closed by the server as we wrote: nothing was answered,
+                # so one retry on a fresh connection cannot duplicate a result the client saw.
+                status, raw = await self._send(method, url, body)
         except asyncio.TimeoutError:
             raise GatewayError("upstream_timeout", f"the upstream {url} did not answer in time") from None
         except aiohttp.ClientConnectorError as exc:
@@ -70,6 +76,11 @@ class UpstreamHTTP:
         if status >= 400:
             raise status_error(status, data, url)
         return data
+
+
+    async def _send(self, method: str, url: str, body: Any) -> tuple[int, bytes]:
+        async with self._client().request(method, url, json=body) as resp:
+            return resp.status, await resp.read()
 
 
 def status_error(status: int, data: Any, url: str) -> GatewayError:

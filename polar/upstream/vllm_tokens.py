@@ -51,7 +51,8 @@ class TokenFaithful:
             result = await self.chat.complete(request, call_id)  # vLLM's own multimodal processing
             result.prompt_mode = "chat-template (images)"
             return result
-        extension, reason = self.buffers.find(session, request)
+        keys = [message_fingerprint(m) for m in request.messages]
+        extension, reason = self.buffers.find(session, request, keys)
         if extension is not None:
             prompt_ids, mode = self._extend(extension, request)
             if prompt_ids is None:
@@ -67,7 +68,7 @@ class TokenFaithful:
             Turn(
                 call_row=row_id,
                 context_key=request_context_key(request),
-                message_keys=[message_fingerprint(m) for m in request.messages],
+                message_keys=keys,
                 answer_key=message_fingerprint(_assistant_message(result)),
                 ids=np.concatenate([np.asarray(prompt_ids, "<u4"), np.asarray(sampled, "<u4")]),
                 prompt_len=len(prompt_ids),
