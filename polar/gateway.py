@@ -150,7 +150,7 @@ class Gateway:
             log.exception("polar failed on call %s", call_id)
             reply = self._error(provider, GatewayError("internal", f"polar failed on this call: {type(exc).__name__}: {exc}"), fields)
         if request is not None:
-            fields["canonical"] = request.model_dump_json(exclude_defaults=True)
+            fields["canonical"] = request.model_dump(mode="json", exclude_none=True)
         fields.update(response_body=reply.body, t_end=time.time())
         try:
             await self.store.finish(row_id, fields)
@@ -199,8 +199,8 @@ class Gateway:
         prior = await asyncio.to_thread(self.store.find_call, response_id.removeprefix("resp_"), session)
         if prior is None or not prior.get("canonical") or not prior.get("result"):
             raise GatewayError("invalid_request", f"previous response '{response_id}' was not found", param="previous_response_id")
-        earlier = ChatRequest.model_validate_json(prior["canonical"])
-        answer = ChatResult.model_validate_json(prior["result"])
+        earlier = ChatRequest.model_validate(prior["canonical"])
+        answer = ChatResult.model_validate(prior["result"])
         assistant = Message(
             role="assistant",
             content=[TextPart(text=answer.content)] if answer.content else [],

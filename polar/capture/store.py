@@ -10,11 +10,13 @@ were in flight visible as such (`mark_interrupted` on the next start).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import queue
 import sqlite3
 import threading
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -43,7 +45,8 @@ SCHEMA: dict[str, Any] = {
     "key_hash": str,  # salted hash of the client's API key; the key itself is never stored
     "request_headers": str,
     "request_body": bytes,
-    "canonical": str,  # the canonical request (JSON)
+    "body_encoding": str,  # "zlib" when request_body is compressed
+    "canonical": str,  # the canonical request (JSON), its messages as references into `messages`
     "result": str,  # the canonical result without token arrays (JSON)
     "response_body": bytes,
     "prompt_parent": int,  # row whose prompt+completion holds the first prompt_prefix_len ids
@@ -64,6 +67,35 @@ SCHEMA: dict[str, Any] = {
 _STOP = object()
 
 
+def _encode_body(row: dict[str, Any]) -> dict[str, Any]:
+    """Compress the raw request body: it repeats the whole history on every turn."""
+    body = row.get("request_body")
+    if isinstance(body, (bytes, bytearray)) and len(body) > 1024:
+        return {**row, "request_body": zlib.compress(body, 1), "body_encoding": "zlib"}
+    return row
+
+
+def _decode_row(conn: sqlite3.Connection, row: sqlite3.Row, messages: dict[str, Any]) -> dict[str, Any]:
+    """A stored row as the caller sees it: JSON decoded, body decompressed, messages resolved."""
+    out = dict(row)
+    for key in ("request_headers", "canonical", "result"):
+        if out.get(key):
+            out[key] = json.loads(out[key])
+    if out.get("body_encoding") == "zlib" and out.get("request_body"):
+        out["request_body"] = zlib.decompress(out["request_body"])
+    canonical = out.get("canonical")
+    if isinstance(canonical, dict) and "message_refs" in canonical:
+        refs = canonical.pop("message_refs")
+        missing = [h for h in set(refs) if h not in messages]
+        for start in range(0, len(missing), 500):
+            chunk = missing[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for digest, body in conn.execute(f"SELECT hash, body FROM messages WHERE hash IN ({marks})", chunk):
+                messages[digest] = json.loads(body)
+        canonical["messages"] = [messages[h] for h in refs]
+    return out
+
+
 def _sql_values(row: dict[str, Any]) -> list[Any]:
     for key in row:
         if key not in SCHEMA:  # column names come from code, never from clients: a typo is a bug
@@ -79,6 +111,7 @@ class CaptureStore:
         self._max_batch = max_batch
         self.prefixes = PrefixIndex()
         self._writer = None
+        self._known_messages: dict[str, None] = {}  # insertion-ordered: a bounded memory of stored hashes
         if readonly:  # a reader beside a running proxy: no writer thread, no schema changes
             if not Path(self.path).exists():
                 raise FileNotFoundError(f"no capture database at {self.path}")
@@ -113,6 +146,10 @@ class CaptureStore:
             missing = {k: v for k, v in SCHEMA.items() if k not in calls.columns_dict}
             for name, typ in missing.items():  # additive migrations only
                 calls.add_column(name, typ)
+        if not db["messages"].exists():
+            # Content-addressed canonical messages: every turn re-sends the whole history, but each
+            # message is stored once, so a session's canonical requests take O(N), not O(T·N).
+            db["messages"].create({"hash": str, "body": str}, pk="hash")
         if not db["meta"].exists():
             db["meta"].create({"key": str, "value": str}, pk="key")
             db["meta"].insert({"key": "key_salt", "value": os.urandom(16).hex()})
@@ -198,11 +235,11 @@ class CaptureStore:
                 conn.execute("BEGIN IMMEDIATE")
                 for op, _ in work:
                     if op[0] == "insert":
-                        row = op[1]
+                        row = _encode_body(op[1])
                         conn.execute(f"INSERT INTO calls ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                                      _sql_values(row))
                     else:
-                        fields = op[2]
+                        fields = self._encode_canonical(conn, op[2])
                         conn.execute(f"UPDATE calls SET {', '.join(f'{k}=?' for k in fields)} WHERE id=?",
                                      [*_sql_values(fields), op[1]])
                 conn.execute("COMMIT")
@@ -218,6 +255,24 @@ class CaptureStore:
             if stop:
                 conn.close()
                 return
+
+    def _encode_canonical(self, conn: sqlite3.Connection, fields: dict[str, Any]) -> dict[str, Any]:
+        """Store the canonical request's messages content-addressed; keep references in the row."""
+        canonical = fields.get("canonical")
+        if not isinstance(canonical, dict):
+            return fields
+        refs = []
+        for message in canonical.get("messages", []):
+            body = json.dumps(message, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+            digest = hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
+            if digest not in self._known_messages:
+                conn.execute("INSERT OR IGNORE INTO messages (hash, body) VALUES (?, ?)", (digest, body))
+                self._known_messages[digest] = None
+                if len(self._known_messages) > 200_000:
+                    self._known_messages.pop(next(iter(self._known_messages)))
+            refs.append(digest)
+        rest = {k: v for k, v in canonical.items() if k != "messages"}
+        return {**fields, "canonical": json.dumps({**rest, "message_refs": refs}, ensure_ascii=False)}
 
     def close(self) -> None:
         writer, self._writer = self._writer, None  # a second close is a no-op
@@ -281,7 +336,7 @@ class CaptureStore:
             row = conn.execute(
                 "SELECT * FROM calls WHERE call_id=? AND session_id=? AND status='ok'", (call_id, session)
             ).fetchone()
-            return dict(row) if row else None
+            return _decode_row(conn, row, {}) if row else None
         finally:
             conn.close()
 
@@ -296,11 +351,9 @@ class CaptureStore:
         memo: dict[int, list[int]] = {}
         try:
             sql = "SELECT * FROM calls" + (" WHERE session_id=?" if session else "") + " ORDER BY id"
+            messages: dict[str, Any] = {}
             for row in conn.execute(sql, (session,) if session else ()).fetchall():
-                out = dict(row)
-                for key in ("request_headers", "canonical", "result"):
-                    if out.get(key):
-                        out[key] = json.loads(out[key])
+                out = _decode_row(conn, row, messages)
                 if with_tokens:
                     out["completion_ids"] = unpack_ids(row["completion_ids"])
                     out["completion_logprobs"] = unpack_logprobs(row["completion_logprobs"])
