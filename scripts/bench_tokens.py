@@ -389,7 +389,7 @@ def store_session(path: Path, calls: list[Call], built: list[Built], seed: int) 
             )
             await store.finish(row_id, {
                 "status": "ok", "http_status": 200, "model": MODEL, "upstream_model": MODEL, "stream": 0,
-                "canonical": item.request.model_dump_json(exclude_defaults=True),
+                "canonical": item.request.model_dump(mode="json", exclude_none=True),  # as the gateway stores it
                 "result": result.model_dump_json(exclude={"prompt_token_ids", "completion_token_ids",
                                                           "completion_logprobs"}),
                 "response_body": provider.render(route, item.request, result).body,
@@ -405,6 +405,7 @@ def store_session(path: Path, calls: list[Call], built: list[Built], seed: int) 
             " sum(length(request_body) + length(canonical) + length(result) + length(response_body)),"
             " sum(prompt_len + 2 * completion_len) FROM calls"
         ).fetchone()
+        text_bytes += conn.execute("SELECT coalesce(sum(length(body)), 0) FROM messages").fetchone()[0]
     conn.close()
     rows = list(CaptureStore(path, readonly=True).calls(session="bench"))
     file_bytes = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
