@@ -16,6 +16,7 @@ from polar.capture.store import CaptureStore
 from polar.doubles.scripted_vllm import BackgroundServer, Script, ScriptedVLLM
 from polar.proxy import BackgroundProxy, ProxyConfig, free_port
 from polar.report import captures_table
+from polar.trajectories.builders import prefix_merge
 
 WEATHER = {
     "name": "get_weather",
@@ -43,7 +44,8 @@ def run_demo(workdir: Path, tokenizer_dir: Path) -> None:
         (workdir / f"captures.db{suffix}").unlink(missing_ok=True)
     upstream = BackgroundServer(ScriptedVLLM(tokenizer_dir, "polar-tiny", script=SCRIPT).app)
     upstream_url = upstream.start()
-    proxy = BackgroundProxy(ProxyConfig(upstream=upstream_url, db=str(db), port=free_port()))
+    # With the served model's tokenizer, polar builds token-faithful prompts (its default then).
+    proxy = BackgroundProxy(ProxyConfig(upstream=upstream_url, db=str(db), port=free_port(), tokenizer=str(tokenizer_dir)))
     proxy.start()
     console.print(f"[bold]polar[/] reverse proxy {proxy.url} → scripted vLLM double {upstream_url}")
     try:
@@ -58,7 +60,10 @@ def run_demo(workdir: Path, tokenizer_dir: Path) -> None:
     rows = list(store.calls())
     captures_table(rows, console, title=f"captures in {db}")
     tokens = sum(r["prompt_len"] + r["completion_len"] for r in rows if r["status"] == "ok")
-    console.print(f"{len(rows)} calls captured, {tokens} prompt+sampled token ids stored")
+    faithful = sum(r["prompt_mode"].startswith("token-faithful") for r in rows if r["prompt_mode"])
+    trajectories = prefix_merge(rows)
+    console.print(f"{len(rows)} calls captured ({faithful} with token-faithful prompts), {tokens} prompt+sampled "
+                  f"token ids; prefix-merge → {len(trajectories)} trajectories (one per session)")
     store.close()
 
 

@@ -11,7 +11,8 @@ from rich.table import Table
 
 def captures_table(rows: Iterable[dict[str, Any]], console: Console | None = None, title: str = "captured model calls") -> int:
     table = Table(title=title)
-    for col in ("id", "session", "provider", "endpoint", "model", "stream", "status", "prompt", "sampled", "finish", "ms"):
+    for col in ("id", "session", "provider", "endpoint", "model", "stream", "status", "prompt", "sampled", "finish",
+                "prompt mode", "ms"):
         table.add_column(col, justify="right" if col in ("id", "prompt", "sampled", "ms") else "left")
     count = 0
     for r in rows:
@@ -21,7 +22,8 @@ def captures_table(rows: Iterable[dict[str, Any]], console: Console | None = Non
         table.add_row(
             str(r["id"]), r["session_id"], r["provider"], r.get("endpoint") or "", r.get("model") or "",
             "yes" if r.get("stream") else "", status.strip(), str(r.get("prompt_len") or ""),
-            str(r.get("completion_len") or ""), r.get("finish_reason") or "", ms,
+            str(r.get("completion_len") or ""), r.get("finish_reason") or "",
+            (r.get("prompt_mode") or "").split(":")[0], ms,
         )
     (console or Console()).print(table)
     return count
