@@ -254,14 +254,9 @@ def openai_messages(messages: Sequence[Message | dict[str, Any]]) -> list[dict[s
 
 def openai_tools(tools: Sequence[Tool | dict[str, Any]] | None) -> list[dict[str, Any]]:
     """Canonical tools or OpenAI tool dicts → the dicts vLLM passes to templates (same shape as its chat body)."""
-    out = []
-    for tool in tools or []:
-        if isinstance(tool, Tool):
-            fn = {"name": tool.name, "description": tool.description or "", "parameters": tool.parameters}
-            out.append({"type": "function", "function": fn})
-        else:
-            out.append(tool)
-    return out
+    from polar.upstream.vllm_chat import to_openai_tools
+
+    return [to_openai_tools([tool])[0] if isinstance(tool, Tool) else tool for tool in tools or []]
 
 
 def _with_argument_objects(message: dict[str, Any], index: int) -> dict[str, Any]:

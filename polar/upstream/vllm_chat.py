@@ -12,7 +12,7 @@ import secrets
 import time
 from typing import Any
 
-from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, Reasoning, TextPart, ToolCall, Usage
+from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, Reasoning, TextPart, Tool, ToolCall, Usage
 from polar.errors import GatewayError
 from polar.upstream.http import UpstreamHTTP
 
@@ -33,6 +33,11 @@ class VLLMChat:
         await self.http.aclose()
 
     # -- model -----------------------------------------------------------------------------
+
+    @property
+    def served_model(self) -> str | None:
+        """The model name, once known (configured or learnt from the upstream)."""
+        return self._model
 
     async def model(self) -> str:
         """The served model name: configured, or the first one the upstream lists."""
@@ -70,10 +75,7 @@ class VLLMChat:
             "stream": False,
         }
         if request.tools:
-            body["tools"] = [
-                {"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.parameters}}
-                for t in request.tools
-            ]
+            body["tools"] = to_openai_tools(request.tools)
             choice = request.tool_choice
             body["tool_choice"] = (
                 {"type": "function", "function": {"name": choice.name}} if choice.mode == "tool" else choice.mode
@@ -91,6 +93,14 @@ class VLLMChat:
         if request.response_schema is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {"name": "response", "schema": request.response_schema}}
         return body
+
+
+def to_openai_tools(tools: list[Tool]) -> list[dict[str, Any]]:
+    """Canonical tools as OpenAI function tools (what vLLM's chat endpoint and templates take)."""
+    return [
+        {"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.parameters}}
+        for t in tools
+    ]
 
 
 def to_openai_messages(msg: Message) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from polar.errors import GatewayError
 from polar.tokens.buffers import Extension, SessionBuffers, Turn, message_fingerprint, request_context_key
 from polar.tokens.parsers import parse_turn
 from polar.tokens.template import ChatTemplate
-from polar.upstream.vllm_chat import VLLMChat, to_openai_messages
+from polar.upstream.vllm_chat import VLLMChat, to_openai_messages, to_openai_tools
 
 log = logging.getLogger("polar.tokens")
 
@@ -81,10 +81,7 @@ class TokenFaithful:
     # -- prompt construction ---------------------------------------------------------------
 
     def _tools(self, request: ChatRequest) -> list[dict[str, Any]] | None:
-        return [
-            {"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.parameters}}
-            for t in request.tools
-        ] or None
+        return to_openai_tools(request.tools) or None
 
     def _render_all(self, request: ChatRequest) -> list[int]:
         messages = [m for msg in request.messages for m in to_openai_messages(msg)]
@@ -95,9 +92,9 @@ class TokenFaithful:
         cont = self.template.continuation(
             new, self._tools(request), request.thinking.enabled, previous_ended_with_eos=ext.turn.ended_with_eos
         )
-        if cont is None or getattr(cont, "failure", None):
-            return None, f"template cannot render the new messages alone: {getattr(cont, 'failure', 'unknown')}"
-        mode = "token-faithful" + (" (closed a truncated turn)" if getattr(cont, "closed_truncated_turn", False) else "")
+        if cont.failure:
+            return None, f"template cannot render the new messages alone: {cont.failure}"
+        mode = "token-faithful" + (" (closed a truncated turn)" if cont.closed_truncated_turn else "")
         return ext.turn.ids.tolist() + list(cont.ids), mode
 
     # -- sampling ----------------------------------------------------------------------------
@@ -165,7 +162,7 @@ class TokenFaithful:
             reason = "stop"
         return ChatResult(
             id=call_id,
-            model=self.chat._model or "",
+            model=self.chat.served_model or "",
             created=int(time.time()),
             content=parsed.content,
             reasoning=Reasoning(text=parsed.reasoning) if parsed.reasoning else None,
