@@ -66,8 +66,8 @@ async def serve(config: ProxyConfig, ready: threading.Event | None = None, holde
         master = DumpMaster(opts, with_termlog=True, with_dumper=False)
     addon = PolarAddon()
     master.addons.add(addon)
-    opts.update(**config.mitm_options())
-    opts.update(**config.polar_options())
+    # One update: a first one without polar's options would build a gateway on the default database.
+    opts.update(**config.mitm_options(), **config.polar_options())
     for key, value in config.extra.items():  # text values (from the CLI) are parsed by mitmproxy
         opts.set(f"{key}={value}") if isinstance(value, str) else opts.update(**{key: value})
     if holder is not None:

@@ -114,8 +114,8 @@ def to_openai_messages(msg: Message) -> list[dict[str, Any]]:
         out: dict[str, Any] = {"role": "assistant", "content": msg.text()}
         reasoning = msg.reasoning_text()
         if reasoning:
-            # Templates read `reasoning_content`; newer vLLM also accepts `reasoning`.
-            out["reasoning_content"] = reasoning
+            # Templates read `reasoning_content`; vLLM's /tokenize reads only `reasoning`.
+            out["reasoning_content"] = out["reasoning"] = reasoning
         if msg.tool_calls:
             out["tool_calls"] = [
                 {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments or "{}"}}

@@ -11,14 +11,13 @@ import json
 import httpx
 import pytest
 
-from tests.support.real_vllm import MAX_MODEL_LEN, SERVED_MODEL, real_vllm_fixture, tiny_model_dir
+from tests.support.real_vllm import MAX_MODEL_LEN, SERVED_MODEL, tiny_model_dir
 
 pytestmark = pytest.mark.vllm
 
 EOS = 248046  # <|im_end|>
 THINK, END_THINK = 248068, 248069
 
-vllm_url = real_vllm_fixture()
 
 TOOLS = [
     {

@@ -1,0 +1,98 @@
+"""A recording relay ("tap") between polar and its upstream, for tests.
+
+polar is started with `upstream=<tap.url>`; the tap forwards every request unchanged to the real
+upstream and records what went out and what came back, so a test can hold each capture row
+against the very answer vLLM gave for that call.
+
+    with running_tap("http://127.0.0.1:8000") as tap:
+        ...                                  # point polar at tap.url, make calls
+        tap.model_calls()                    # the token-level exchanges, oldest first
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+# Hop-by-hop and framing headers: httpx sets its own for the forwarded request and the reply.
+_NOT_FORWARDED = {"host", "content-length", "connection", "transfer-encoding", "keep-alive", "content-encoding"}
+MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/inference/v1/generate")
+
+
+@dataclass
+class Exchange:
+    method: str
+    path: str
+    request: Any  # the JSON body polar sent (None when it sent none)
+    status: int
+    response: Any  # the JSON body the upstream answered (None when it was not JSON)
+
+
+class Tap:
+    def __init__(self, upstream: str, timeout: float = 600):
+        self.upstream = upstream.rstrip("/")
+        self.timeout = timeout
+        self.url = ""  # set once it listens
+        self._exchanges: list[Exchange] = []
+        self._lock = threading.Lock()
+        self.app = Starlette(routes=[Route("/{path:path}", self.relay, methods=["GET", "POST", "HEAD", "DELETE"])])
+
+    async def relay(self, request: Request) -> Response:
+        body = await request.body()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
+        url = self.upstream + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        async with httpx.AsyncClient(timeout=self.timeout) as client:
+            answer = await client.request(request.method, url, content=body, headers=headers)
+        exchange = Exchange(request.method, request.url.path, _json(body), answer.status_code, _json(answer.content))
+        with self._lock:
+            self._exchanges.append(exchange)
+        kept = {k: v for k, v in answer.headers.items() if k.lower() not in _NOT_FORWARDED}
+        return Response(answer.content, status_code=answer.status_code, headers=kept)
+
+    def exchanges(self) -> list[Exchange]:
+        with self._lock:
+            return list(self._exchanges)
+
+    def model_calls(self) -> list[Exchange]:
+        """Answered sampling calls (chat, completions, generate); not polar's probes of the endpoint."""
+        return [
+            e for e in self.exchanges()
+            if e.method == "POST" and e.path in MODEL_PATHS and e.status == 200 and isinstance(e.response, dict)
+        ]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._exchanges.clear()
+
+
+def _json(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+@contextmanager
+def running_tap(upstream: str) -> Iterator[Tap]:
+    """A tap in front of `upstream`, served on a free local port for the duration of the block."""
+    from polar.doubles.scripted_vllm import BackgroundServer  # a plain uvicorn-on-a-thread runner
+
+    tap = Tap(upstream)
+    server = BackgroundServer(tap.app)
+    tap.url = server.start()
+    try:
+        yield tap
+    finally:
+        server.stop()
