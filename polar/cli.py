@@ -110,5 +110,10 @@ from polar.cli_trajectories import trajectories  # noqa: E402  (its own module: 
 
 main.add_command(trajectories)
 
+from polar.cli_rollout import rollout, submit  # noqa: E402
+
+main.add_command(rollout)
+main.add_command(submit)
+
 if __name__ == "__main__":
     main()

@@ -72,6 +72,30 @@ class Gateway:
         self.registry = registry or SessionRegistry(salt=store.key_salt())
         self.max_body_bytes = max_body_bytes
         self.model_aliases = model_aliases or []
+        # Weight updates: a trainer pauses sampling, waits for in-flight calls, swaps weights and
+        # resumes with the new version, which calls record when the upstream reports none itself.
+        self.policy_version: str | None = None
+        self._open = asyncio.Event()
+        self._open.set()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- weight updates (call on the proxy's event loop; from another thread use
+    #    loop.call_soon_threadsafe / asyncio.run_coroutine_threadsafe) -----------------------
+
+    def pause(self) -> None:
+        """New model calls wait (they are not refused: harnesses just see a slower answer)."""
+        self._open.clear()
+
+    def resume(self, policy_version: str | None = None) -> None:
+        if policy_version is not None:
+            self.policy_version = policy_version
+        self._open.set()
+
+    async def drain(self) -> None:
+        """Return once no model call is being sampled."""
+        await self._idle.wait()
 
     async def handle(self, req: GatewayRequest) -> GatewayReply:
         ident = self.registry.resolve(req.path, req.headers, req.client_addr)
@@ -81,6 +105,10 @@ class Gateway:
             return GatewayReply(side, {"session": ident.session, "kind": "side-call"})
         route = providers.detect(req.method, path, req.query, req.headers)
         provider = route.provider if route else providers.guess(path, req.headers)
+        if route is None and req.method in ("GET", "HEAD"):
+            # A client's own side channel (settings, feature flags): no model call, so no capture.
+            err = GatewayError("not_found", f"polar does not serve {req.method} {path}")
+            return GatewayReply(provider.render_error(err), {"session": ident.session, "kind": "side-call"})
         return await self._model_call(req, ident, route, provider)
 
     # -- side calls: answered, not captured ---------------------------------------------------
@@ -142,7 +170,15 @@ class Gateway:
             if route.endpoint == "count_tokens":
                 reply = route.provider.render_count(route, await self.backend.count_tokens(request))
             else:
-                reply = await self._generate(request, route, ident, call_id, fields, meta)
+                await self._open.wait()
+                self._in_flight += 1
+                self._idle.clear()
+                try:
+                    reply = await self._generate(request, route, ident, call_id, fields, meta)
+                finally:
+                    self._in_flight -= 1
+                    if self._in_flight == 0:
+                        self._idle.set()
             fields.update(status="ok", http_status=reply.status)
         except GatewayError as err:
             reply = self._error(provider, err, fields)
@@ -184,7 +220,7 @@ class Gateway:
             upstream_model=result.model,
             result=result.model_dump_json(exclude={"prompt_token_ids", "completion_token_ids", "completion_logprobs"}),
             finish_reason=result.finish_reason,
-            policy_version=None if result.policy_version is None else str(result.policy_version),
+            policy_version=self.policy_version if result.policy_version is None else str(result.policy_version),
             prompt_mode=result.prompt_mode,
             **self.store.tokens_fields(
                 ident.session, meta["row"], result.prompt_token_ids, result.completion_token_ids, result.completion_logprobs

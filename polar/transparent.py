@@ -31,6 +31,8 @@ PROVIDER_HOSTS: tuple[str, ...] = (
     "cloudcode-pa.googleapis.com",
     "dashscope.aliyuncs.com",
     "dashscope-intl.aliyuncs.com",
+    "dashscope-us.aliyuncs.com",
+    "cn-hongkong.dashscope.aliyuncs.com",
     "coding.dashscope.aliyuncs.com",
     "portal.qwen.ai",
 )

@@ -1,0 +1,241 @@
+"""The rollout service: accepts tasks, dispatches their sessions to gateway nodes, persists results.
+
+Nodes are reached through `NodeHandle`: `LocalNode` wraps a `GatewayNode` on this event loop (the
+embedded default), `polar.rollout.ray_nodes.RayNode` wraps one running as a Ray actor. The service
+pulls each node's stage changes and results and commits them to `RolloutState` before a trainer can
+see them, so a crash loses nothing that was reported. Sessions go to the node with the fewest
+unfinished sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from polar.capture.store import CaptureStore
+from polar.rollout.node import GatewayNode
+from polar.rollout.state import RolloutState
+from polar.rollout.tasks import SessionResult, SessionSpec, TaskSpec
+
+
+class NodeHandle(Protocol):
+    name: str
+
+    async def submit(self, spec: SessionSpec) -> None: ...
+
+    async def cancel(self, session_ids: list[str]) -> None: ...
+
+    async def pause(self) -> None: ...
+
+    async def resume(self, policy_version: int | None) -> None: ...
+
+    async def in_flight_calls(self) -> int: ...
+
+    async def events(self, timeout: float) -> list[tuple[str, Any]]: ...
+
+    async def stats(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+class LocalNode:
+    """A node on the service's own event loop."""
+
+    def __init__(self, node: GatewayNode, capture_db: str | None = None):
+        self.node = node
+        self.name = node.config.name
+        self.capture_db = capture_db
+        node.start()
+
+    async def submit(self, spec: SessionSpec) -> None:
+        self.node.submit(spec)
+
+    async def cancel(self, session_ids: list[str]) -> None:
+        self.node.cancel(session_ids)
+
+    async def pause(self) -> None:
+        self.node.pause()
+
+    async def resume(self, policy_version: int | None) -> None:
+        self.node.resume(policy_version)
+
+    async def in_flight_calls(self) -> int:
+        return await asyncio.to_thread(pending_calls, self.capture_db)
+
+    async def events(self, timeout: float) -> list[tuple[str, Any]]:
+        return await self.node.next_events(timeout)
+
+    async def stats(self) -> dict[str, Any]:
+        return self.node.stats()
+
+    async def close(self) -> None:
+        await self.node.stop()
+        close = getattr(self.node.phases, "close", None)
+        if close:
+            close()
+
+
+def pending_calls(capture_db: str | None) -> int:
+    """Model calls the gateway has started and not finished (rows still `pending`)."""
+    if not capture_db:
+        return 0
+    try:
+        conn = CaptureStore(capture_db, readonly=True).reader()
+    except FileNotFoundError:
+        return 0
+    try:
+        return conn.execute("SELECT count(*) FROM calls WHERE status = 'pending'").fetchone()[0]
+    finally:
+        conn.close()
+
+
+class RolloutService:
+    def __init__(self, state: RolloutState, nodes: list[NodeHandle]):
+        if not nodes:
+            raise ValueError("the rollout service needs at least one node")
+        self.state = state
+        self.nodes = nodes
+        self._owner: dict[str, NodeHandle] = {}  # unfinished session → its node
+        self._new_result = asyncio.Condition()
+        self._pumps: list[asyncio.Task] = []
+        self.started = time.time()
+
+    @property
+    def policy_version(self) -> int | None:
+        value = self.state.get("policy_version")
+        return None if value is None else int(value)
+
+    @property
+    def paused(self) -> bool:
+        return self.state.get("paused") == "1"
+
+    async def start(self) -> None:
+        """Resume where a previous run stopped: settings, then every unfinished session."""
+        for node in self.nodes:
+            await node.resume(self.policy_version)
+            if self.paused:
+                await node.pause()
+        self._pumps = [asyncio.create_task(self._pump(node), name=f"pump-{node.name}") for node in self.nodes]
+        for spec in self.state.requeue():
+            await self._dispatch(spec)
+
+    async def close(self) -> None:
+        for pump in self._pumps:
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        for node in self.nodes:
+            await node.close()
+
+    # -- trainer API -----------------------------------------------------------------------
+
+    async def submit(self, tasks: list[TaskSpec]) -> list[dict[str, Any]]:
+        ids = [t.id for t in tasks]
+        taken = sorted({i for i in ids if ids.count(i) > 1 or self.state.has_task(i)})
+        if taken:  # all or nothing: a trainer retrying a batch must not get half of it twice
+            raise ValueError(f"task ids already submitted or repeated: {', '.join(taken)}")
+        accepted = []
+        for task in tasks:
+            if task.policy_version is None:
+                task = task.model_copy(update={"policy_version": self.policy_version})
+            sessions = self.state.add_task(task)
+            for spec in sessions:
+                await self._dispatch(spec)
+            accepted.append({"task_id": task.id, "sessions": [s.session_id for s in sessions]})
+        return accepted
+
+    async def results(self, after: int = 0, follow: bool = True, include_drained: bool = False,
+                      heartbeat: float = 5.0) -> AsyncIterator[tuple[int, SessionResult] | None]:
+        """Finished session results in completion order; with `follow`, wait for more.
+        Yields None after `heartbeat` seconds without a result (lets a stream notice a gone client)."""
+        while True:
+            idle = False
+            # Read under the condition's lock: a result stored after this read is notified after the
+            # wait below has begun, so no wake-up is lost.
+            async with self._new_result:
+                batch = self.state.results(after, undrained_only=not include_drained)
+                if not batch and follow:
+                    try:
+                        await asyncio.wait_for(self._new_result.wait(), heartbeat)
+                    except TimeoutError:
+                        idle = True
+            if not batch and not follow:
+                return
+            for seq, result in batch:
+                after = seq
+                yield seq, result
+            if idle:
+                yield None
+
+    def ack(self, seqs: list[int]) -> int:
+        return self.state.ack(seqs)
+
+    async def cancel(self, task_id: str) -> int:
+        session_ids = self.state.cancel_task(task_id)
+        for node in self.nodes:
+            await node.cancel(session_ids)
+        return len(session_ids)
+
+    async def pause(self, policy_version: int | None = None, drain_timeout: float = 60.0) -> dict[str, Any]:
+        """Stop starting sessions and wait until no model call is in flight (for a weight update)."""
+        self.state.put("paused", "1")
+        if policy_version is not None:
+            self.state.put("policy_version", str(policy_version))
+        for node in self.nodes:
+            await node.pause()
+        deadline = time.monotonic() + drain_timeout
+        while (in_flight := sum([await node.in_flight_calls() for node in self.nodes])) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return {"paused": True, "in_flight_calls": in_flight, "policy_version": self.policy_version}
+
+    async def resume(self, policy_version: int | None = None) -> dict[str, Any]:
+        if policy_version is not None:
+            self.state.put("policy_version", str(policy_version))
+        self.state.put("paused", "0")
+        for node in self.nodes:
+            await node.resume(self.policy_version)
+        return {"paused": False, "policy_version": self.policy_version}
+
+    async def status(self) -> dict[str, Any]:
+        return {**self.state.counts(), "policy_version": self.policy_version, "paused": self.paused,
+                "uptime": time.time() - self.started, "nodes": [await node.stats() for node in self.nodes]}
+
+    # -- internals -------------------------------------------------------------------------
+
+    async def _dispatch(self, spec: SessionSpec) -> None:
+        load = {node.name: 0 for node in self.nodes}
+        for owner in self._owner.values():
+            load[owner.name] += 1
+        node = min(self.nodes, key=lambda n: load[n.name])
+        self._owner[spec.session_id] = node
+        await node.submit(spec)
+
+    async def _pump(self, node: NodeHandle) -> None:
+        while True:
+            try:
+                events = await node.events(1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a node that cannot be reached right now: try again shortly
+                await asyncio.sleep(1.0)
+                continue
+            finished = await asyncio.to_thread(self._persist, events)
+            for session_id in finished:
+                self._owner.pop(session_id, None)
+            if finished:
+                async with self._new_result:
+                    self._new_result.notify_all()
+
+    def _persist(self, events: list[tuple[str, Any]]) -> list[str]:
+        finished = []
+        for kind, payload in events:
+            if kind == "stage":
+                session_id, stage = payload
+                if session_id in self._owner:
+                    self.state.set_stage(session_id, stage)
+            else:
+                result = payload if isinstance(payload, SessionResult) else SessionResult.model_validate(payload)
+                self.state.put_result(result)
+                finished.append(result.session_id)
+        return finished

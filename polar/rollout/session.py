@@ -1,0 +1,217 @@
+"""What the pools do with one real session: sandbox, harness, capture, trajectories, reward.
+
+INIT starts the sandbox, copies the repository in and records its state as a git commit (the
+diff evaluators see is taken against it), installs the harness's files, registers the session's
+API key with the gateway and lets the evaluator prewarm. RUNNING runs the harness under its
+deadline. POSTRUN rebuilds the session's trajectories from the capture store, takes the diff,
+evaluates, attaches rewards and tears everything down, whatever failed on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polar.capture.store import CaptureStore
+from polar.rollout.evaluators import EvalContext, Evaluation, Evaluator, make_evaluator
+from polar.rollout.harnesses import Harness, SessionContext, make_harness
+from polar.rollout.node import HarnessRun, NodeConfig
+from polar.rollout.tasks import SessionResult, SessionSpec
+from polar.runtime.base import Runtime, Sandbox, SandboxSpec
+from polar.trajectories.builders import prefix_merge
+from polar.trajectories.model import Trajectory
+
+WORKDIR = "/work"
+_GIT = ["git", "-c", "user.email=rollout@polar.invalid", "-c", "user.name=polar", "-c", "commit.gpgsign=false"]
+
+
+@dataclass
+class NodeEnv:
+    """Where a node's sessions run and how they reach polar."""
+
+    polar_url: str  # polar's reverse-mode URL as seen from the sandboxes
+    capture_db: str
+    runtimes: dict[str, Runtime]
+    register_key: Callable[[str, str], None]  # the gateway's `SessionRegistry.register_key`
+    pythons: dict[str, str] = field(default_factory=lambda: {"local": sys.executable})  # default: python3
+    polar_urls: dict[str, str] = field(default_factory=dict)  # per runtime, where it differs from polar_url
+    ca_cert: str | None = None  # polar's CA certificate, trusted inside sandboxes
+
+
+def embedded_gateway(upstream: str, db: str, port: int, upstream_model: str = "", tokenizer: str = "",
+                     docker: bool = False):
+    """polar in this process, and the runtimes whose sessions reach it. `local`: reverse mode for
+    harnesses that take a base URL, an explicit-proxy listener for those that only honour
+    HTTPS_PROXY. `docker` (optional): transparent listeners on the session network's gateway, so
+    calls to the providers' own hosts land in polar and are attributed by container address.
+    Returns the proxy (stop it when done) and the node's environment."""
+    from polar.proxy import BackgroundProxy, ProxyConfig, free_port
+    from polar.runtime.local import LocalRuntime
+    from polar.transparent import add_listeners, ca_cert_path, transparent_modes
+
+    proxy = BackgroundProxy(ProxyConfig(upstream=upstream, db=db, port=port or free_port(),
+                                        upstream_model=upstream_model, tokenizer=tokenizer))
+    proxy.start()
+    registry = proxy.addon.gateway.registry
+    regular = f"127.0.0.1:{free_port()}"
+    add_listeners([f"regular@{regular}"])
+    ca_cert = str(ca_cert_path(proxy.config.confdir))
+    env = NodeEnv(polar_url=proxy.url, capture_db=db, runtimes={"local": LocalRuntime(f"http://{regular}", ca_cert)},
+                  register_key=registry.register_key, ca_cert=ca_cert)
+    if docker:
+        from polar.runtime.docker_runtime import DockerRuntime
+
+        runtime = DockerRuntime(addresses=registry)
+        add_listeners(transparent_modes(runtime.gateway_ip))
+        env.runtimes["docker"] = runtime
+        env.polar_urls["docker"] = f"http://{runtime.gateway_ip}"
+    return proxy, env
+
+
+@dataclass
+class Prepared:
+    spec: SessionSpec
+    sandbox: Sandbox
+    runtime: Runtime
+    harness: Harness
+    evaluator: Evaluator
+    ctx: SessionContext
+    eval_prepared: Any = None
+    has_git: bool = False
+
+
+class SessionPhases:
+    def __init__(self, env: NodeEnv, config: NodeConfig):
+        self.env = env
+        # Blocking runtime calls run on per-pool threads, sized like the pools, so a slow teardown
+        # can never take a thread a harness needs.
+        self._init_pool = ThreadPoolExecutor(max(1, config.init_workers), thread_name_prefix="rollout-init")
+        self._run_pool = ThreadPoolExecutor(max(1, config.running_slots), thread_name_prefix="rollout-run")
+        self._post_pool = ThreadPoolExecutor(max(1, config.postrun_workers), thread_name_prefix="rollout-post")
+
+    async def _in(self, pool: ThreadPoolExecutor, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+    async def init(self, spec: SessionSpec) -> Prepared:
+        return await self._in(self._init_pool, self._init, spec)
+
+    async def run(self, prepared: Prepared, timeout: float) -> HarnessRun:
+        return await self._in(self._run_pool, self._run, prepared, timeout)
+
+    async def postrun(self, prepared: Prepared, run: HarnessRun, policy_version: int | None) -> SessionResult:
+        return await self._in(self._post_pool, self._postrun, prepared, run, policy_version)
+
+    async def discard(self, prepared: Prepared) -> None:
+        await self._in(self._post_pool, self._teardown, prepared)
+
+    def close(self) -> None:
+        for pool in (self._init_pool, self._run_pool, self._post_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- blocking work ---------------------------------------------------------------------
+
+    def _init(self, spec: SessionSpec) -> Prepared:
+        task = spec.task
+        if task.runtime not in self.env.runtimes:
+            raise ValueError(f"runtime {task.runtime!r} is not available on this node ({', '.join(self.env.runtimes)})")
+        harness, evaluator = make_harness(task.harness), make_evaluator(task.evaluator)
+        runtime = self.env.runtimes[task.runtime]
+        ctx = SessionContext(session_id=spec.capture_id, api_key="sk-polar-" + secrets.token_hex(16),
+                             base_url=self.env.polar_urls.get(task.runtime, self.env.polar_url), workdir=WORKDIR,
+                             model=task.model, python=self.env.pythons.get(task.runtime, "python3"))
+        sandbox = runtime.start(SandboxSpec(image=task.image, session=spec.capture_id, workdir=WORKDIR,
+                                            ca_cert=Path(self.env.ca_cert) if self.env.ca_cert else None))
+        prepared = Prepared(spec, sandbox, runtime, harness, evaluator, ctx)
+        try:
+            if task.repo:
+                sandbox.copy_in(task.repo, WORKDIR)
+            prepared.has_git = self._baseline(sandbox)
+            for target, source in harness.files_to_install(task, ctx).items():
+                sandbox.copy_in(source, target)
+            self.env.register_key(ctx.api_key, spec.capture_id)
+            prepared.eval_prepared = evaluator.prepare(task, runtime, ctx)
+        except Exception:
+            self._teardown(prepared)
+            raise
+        return prepared
+
+    @staticmethod
+    def _baseline(sandbox: Sandbox) -> bool:
+        """Commit the repository as given, so the session's diff is exactly what the harness changed.
+        False when the image has no git (then there is no diff: evaluators that need one say so)."""
+        if sandbox.exec(["sh", "-c", "command -v git"], timeout=60).exit_code != 0:
+            return False
+        done = sandbox.exec(["sh", "-c", "git init -q . && git add -A && \"$@\" commit -q --allow-empty -m base",
+                             "sh", *_GIT], timeout=120)
+        if not done.ok:
+            raise RuntimeError(f"could not snapshot the repository: {done.stderr.strip()[-500:]}")
+        return True
+
+    def _run(self, prepared: Prepared, timeout: float) -> HarnessRun:
+        argv, env = prepared.harness.command(prepared.spec.task, prepared.ctx)
+        done = prepared.sandbox.exec(argv, env=env, timeout=timeout)
+        return HarnessRun(exit_code=done.exit_code, timed_out=done.timed_out,
+                          output_tail=(done.stdout[-2000:] + done.stderr[-2000:]))
+
+    def _postrun(self, prepared: Prepared, run: HarnessRun, policy_version: int | None) -> SessionResult:
+        spec = prepared.spec
+        result = SessionResult(session_id=spec.session_id, task_id=spec.task.id, sample=spec.sample,
+                               outcome="timeout" if run.timed_out else "error" if run.error else "ok",
+                               error=f"harness: {run.error}" if run.error else None, partial=run.timed_out,
+                               policy_version=policy_version, metadata=spec.task.metadata,
+                               harness_exit=run.exit_code, harness_output=run.output_tail)
+        try:
+            result.trajectories = self._trajectories(spec, run, policy_version)
+            try:
+                diff = self._diff(prepared.sandbox) if prepared.has_git else None
+                ctx = EvalContext(spec.task, prepared.ctx, prepared.sandbox, prepared.runtime, run, diff,
+                                  result.trajectories, prepared.eval_prepared)
+                self._attach(result, prepared.evaluator.evaluate(ctx))
+            except Exception as exc:  # reported with its cause; the trajectories are still worth keeping
+                result.outcome = "error"
+                result.error = f"evaluator {spec.task.evaluator.name}: {type(exc).__name__}: {exc}"
+        finally:
+            self._teardown(prepared)
+        return result
+
+    def _trajectories(self, spec: SessionSpec, run: HarnessRun, policy_version: int | None) -> list[Trajectory]:
+        rows = list(CaptureStore(self.env.capture_db, readonly=True).calls(session=spec.capture_id))
+        trajectories = prefix_merge(rows)
+        for t in trajectories:
+            t.task = spec.task.id
+            # The trainer's version when the session started; each turn keeps what served it.
+            t.metadata.update(sample=spec.sample, harness_exit=run.exit_code, timed_out=run.timed_out,
+                              trainer_policy_version=policy_version)
+        return trajectories
+
+    @staticmethod
+    def _diff(sandbox: Sandbox) -> str:
+        done = sandbox.exec(["sh", "-c", "git add -A && \"$@\" diff --cached --binary HEAD", "sh", *_GIT], timeout=120)
+        if not done.ok:
+            raise RuntimeError(f"could not take the session's diff: {done.stderr.strip()[-500:]}")
+        return done.stdout
+
+    @staticmethod
+    def _attach(result: SessionResult, evaluation: Evaluation) -> None:
+        result.reward = evaluation.reward
+        result.evaluation = evaluation.details
+        for t in result.trajectories:
+            t.reward = evaluation.reward
+        # Per-step rewards describe the main line of the session: its longest trajectory.
+        if evaluation.step_rewards is not None and result.trajectories:
+            main = max(result.trajectories, key=lambda t: len(t.turns))
+            if len(evaluation.step_rewards) != len(main.turns):
+                raise ValueError(f"{len(evaluation.step_rewards)} step rewards for {len(main.turns)} turns")
+            main.step_rewards = evaluation.step_rewards
+
+    def _teardown(self, prepared: Prepared) -> None:
+        try:
+            prepared.evaluator.cleanup(prepared.eval_prepared)
+        finally:
+            prepared.sandbox.stop()

@@ -1,0 +1,100 @@
+"""Rollout fixtures: real sessions on the local runtime, through the in-process polar and the double."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from polar.rollout.node import GatewayNode, NodeConfig
+from polar.rollout.session import NodeEnv, SessionPhases
+from polar.rollout.tasks import SessionResult, SessionSpec, TaskSpec
+from polar.runtime.local import LocalRuntime
+from polar.transparent import ca_cert_path
+
+TASKS = Path(__file__).resolve().parents[2] / "data" / "tasks"
+
+
+@pytest.fixture
+def node_env(stack, tmp_path) -> NodeEnv:
+    runtime = LocalRuntime(stack.url, ca_cert_path(stack.proxy.config.confdir), root=tmp_path)
+    return NodeEnv(polar_url=stack.url, capture_db=str(stack.db), runtimes={"local": runtime},
+                   register_key=stack.proxy.addon.gateway.registry.register_key)
+
+
+def run_sessions(env: NodeEnv, tasks: list[TaskSpec], timeout: float = 90, **config) -> list[SessionResult]:
+    """Every session of `tasks` through one real node; results in submission order."""
+
+    async def main() -> list[SessionResult]:
+        cfg = NodeConfig(**config)
+        node = GatewayNode(SessionPhases(env, cfg), cfg)
+        node.start()
+        specs = [s for t in tasks for s in SessionSpec.expand(t)]
+        for spec in specs:
+            node.submit(spec)
+        results: dict[str, SessionResult] = {}
+        try:
+            async with asyncio.timeout(timeout):
+                while len(results) < len(specs):
+                    results.update((r.session_id, r) for kind, r in await node.next_events(0.5) if kind == "result")
+        finally:
+            await node.stop()
+            node.phases.close()
+        return [results[s.session_id] for s in specs]
+
+    return asyncio.run(main())
+
+
+class ApiServer:
+    """The rollout API and a service on a simulated node, in a background thread."""
+
+    def __init__(self, state_path: Path, token: str | None = None, host: str = "127.0.0.1", **config):
+        import threading
+
+        import uvicorn
+
+        from polar.proxy import free_port
+        from polar.rollout.server import create_app
+        from polar.rollout.service import LocalNode, RolloutService
+        from polar.rollout.simulate import SimulatedPhases
+        from polar.rollout.state import RolloutState
+
+        self.port = free_port()
+        self.url = f"http://{host}:{self.port}"
+        cfg = NodeConfig(**config)
+        self._make = lambda: RolloutService(RolloutState(state_path),
+                                            [LocalNode(GatewayNode(SimulatedPhases(0.01), cfg))])
+        self._server: uvicorn.Server | None = None
+        self._thread = threading.Thread(target=self._run, args=(create_app, token, host), daemon=True)
+
+    def _run(self, create_app, token, host) -> None:
+        import uvicorn
+
+        async def main() -> None:
+            self.service = self._make()  # the service's loop objects belong to this thread's loop
+            # Followers' result streams never end by themselves: close them a moment into shutdown.
+            config = uvicorn.Config(create_app(self.service, token), host=host, port=self.port, log_level="critical",
+                                    timeout_graceful_shutdown=0.5)
+            self._server = uvicorn.Server(config)
+            await self._server.serve()
+
+        asyncio.run(main())
+
+    def __enter__(self) -> ApiServer:
+        import time
+
+        import httpx
+
+        self._thread.start()
+        for _ in range(200):
+            try:
+                httpx.get(f"{self.url}/health", timeout=1)
+                return self
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise RuntimeError("rollout API did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)

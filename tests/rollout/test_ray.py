@@ -1,0 +1,92 @@
+"""Several gateway node actors on a local Ray cluster, dispatched by the rollout service."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from polar.rollout.node import NodeConfig
+from polar.rollout.service import RolloutService
+from polar.rollout.state import RolloutState
+from polar.rollout.tasks import TaskSpec
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # a local Ray cluster takes seconds to start
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_service_spreads_a_group_over_node_actors(local_ray, tmp_path):
+    from polar.rollout.ray_nodes import launch_nodes
+
+    async def main():
+        nodes = launch_nodes(NodeConfig(name="ray", running_slots=2), {"kind": "simulated", "scale": 0.01},
+                             resources={"num_cpus": 1}, per_node=3)
+        service = RolloutService(RolloutState(tmp_path / "r.db"), nodes)
+        await service.start()
+        try:
+            await service.resume(policy_version=2)
+            task = TaskSpec(id="grp", instruction="x", samples=9, metadata={"sim": {"run": 5, "reward": 1.0}})
+            (accepted,) = await service.submit([task])
+            results = []
+            async with asyncio.timeout(60):
+                async for item in service.results(follow=True, heartbeat=0.5):
+                    if item:
+                        results.append(item[1])
+                    if len(results) == 9:
+                        break
+            return accepted, results, await service.status()
+        finally:
+            await service.close()
+
+    accepted, results, status = asyncio.run(main())
+    assert sorted(r.session_id for r in results) == sorted(accepted["sessions"])
+    assert {r.outcome for r in results} == {"ok"} and {r.policy_version for r in results} == {2}
+    assert len({r.node for r in results}) == 3  # every actor ran part of the group
+    assert len(status["nodes"]) == 3 and all(n["ray_node"] for n in status["nodes"])
+
+
+ONE_CALL = ("{python} -c \"import openai; openai.OpenAI(max_retries=0).chat.completions.create("
+            "model='m', messages=[{'role': 'user', 'content': 'hello from a ray node'}])\"")
+
+
+def test_real_sessions_on_a_gateway_node_actor(local_ray, double_server, tokenizer_dir, tmp_path):
+    """The actor embeds its own polar and local runtime and captures into its own database."""
+    from polar.capture.store import CaptureStore
+    from polar.rollout.ray_nodes import launch_nodes
+    from polar.rollout.tasks import Named
+
+    _, upstream = double_server
+    phases = {"kind": "gateway", "upstream": upstream, "db": str(tmp_path / "captures.db"),
+              "tokenizer": str(tokenizer_dir)}
+
+    async def main():
+        (node,) = launch_nodes(NodeConfig(name="gw"), phases)
+        service = RolloutService(RolloutState(tmp_path / "r.db"), [node])
+        await service.start()
+        try:
+            task = TaskSpec(id="ray-real", instruction="x", samples=2,
+                            harness=Named(name="shell", options={"command": ONE_CALL}))
+            await service.submit([task])
+            results = []
+            async with asyncio.timeout(90):
+                async for item in service.results(follow=True, heartbeat=0.5):
+                    results += [item[1]] if item else []
+                    if len(results) == 2:
+                        break
+            return results
+        finally:
+            await service.close()
+
+    results = asyncio.run(main())
+    assert [(r.outcome, r.reward) for r in results] == [("ok", 1.0)] * 2, results
+    assert all(len(r.trajectories) == 1 and r.trajectories[0].trainable_tokens for r in results)
+    (db,) = tmp_path.glob("captures-gw-*.db")  # named after the actor
+    captured = list(CaptureStore(db, readonly=True).calls(with_tokens=False))
+    assert sorted(row["session_id"] for row in captured) == sorted(r.session_id for r in results)
