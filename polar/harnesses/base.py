@@ -1,0 +1,119 @@
+"""What polar knows about running one coding CLI, unchanged, in a session sandbox.
+
+A harness is installed on the host from npm into a versioned prefix under
+${POLAR_CACHE:-~/.cache/polar}/npm, copied into a cached image layer (`runtimes/docker/cli`),
+and run headless with the task as its prompt. In transparent mode it gets only what a user would
+give it — an API key and its usual config files — never a base URL or a proxy variable: the
+sandbox resolves the provider's own host to polar.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import os
+import shlex
+import subprocess
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+HOME = "/root"  # sandboxes run as root unless their spec names a user
+
+
+def npm_cache() -> Path:
+    root = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))
+    return root / "npm"
+
+
+@dataclass(frozen=True)
+class Harness(ABC):
+    name: str
+    package: str  # npm package ("" for none)
+    version: str  # exact pin: the image tag and the captures depend on it
+    provider: str  # the polar provider its model calls speak (capture rows' `provider`)
+    model: str  # the model name it asks for; polar serves whatever the upstream serves under it
+
+    # -- installation ---------------------------------------------------------------------------
+
+    def prefix(self) -> Path:
+        """Where `npm install -g --prefix` put this version on the host."""
+        safe = self.package.replace("@", "").replace("/", "-")
+        return npm_cache() / f"{safe}-{self.version}"
+
+    def npm_install(self) -> Path:
+        """Install the pinned package on the host (once); containers never reach a registry."""
+        prefix = self.prefix()
+        prefix.mkdir(parents=True, exist_ok=True)
+        with open(prefix.parent / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test processes install once
+            done = prefix.with_name(prefix.name + ".done")  # beside the prefix: it is copied whole
+            if not done.exists():
+                _npm_install(prefix, f"{self.package}@{self.version}")
+                done.touch()
+        return prefix
+
+    def install_layer(self, client: Any, parent: str) -> str:
+        """`parent` (an image with Node) plus this CLI: polar/cli:<hash>, built once per version."""
+        from polar.runtime.images import build_layer
+
+        if not self.package:
+            return parent
+        prefix = self.npm_install()
+        return build_layer(client, "cli", parent, files={"prefix": prefix}, key=(self.name, self.package, self.version))
+
+    # -- running --------------------------------------------------------------------------------
+
+    @abstractmethod
+    def command(self, task_prompt: str) -> list[str]:
+        """argv that runs the task headless, without permission prompts, and exits."""
+
+    def env(self, session: str) -> dict[str, str]:
+        """Variables to run with: a dummy per-session key, telemetry and updates off."""
+        return {}
+
+    def files(self, home: str = HOME) -> dict[str, str]:
+        """Config files to write before it runs, for a user whose home is `home`: path → content."""
+        return {}
+
+    @abstractmethod
+    def shell_tool(self, cmd: str) -> dict[str, Any]:
+        """The tool call (name, arguments) a model makes to have this harness run `cmd`."""
+
+    def read_tool(self, path: str) -> dict[str, Any] | None:
+        """The tool call that reads `path` first, for harnesses that refuse to change unread files."""
+        return None
+
+    def success(self, exit_code: int) -> bool:
+        return exit_code == 0
+
+
+def _npm_install(prefix: Path, spec: str) -> None:
+    # Run inside the prefix: npm takes a spec such as `opencode-ai@1.2` for a path when a
+    # directory of that name exists in its working directory.
+    done = subprocess.run(
+        ["npm", "install", "-g", "--no-fund", "--no-audit", "--prefix", str(prefix), spec],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=prefix,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"npm install {spec} failed:\n{(done.stdout + done.stderr)[-3000:]}")
+
+
+def session_key(prefix: str, session: str) -> str:
+    """A dummy API key naming the session; the key is never checked (the sandbox's address is)."""
+    return f"{prefix}polar-{session}"
+
+
+def write_files(sandbox: Any, files: dict[str, str]) -> None:
+    """Write small text files into a sandbox through `exec` (no host staging needed)."""
+    for path, content in files.items():
+        target = PurePosixPath(path)
+        payload = base64.b64encode(content.encode()).decode()
+        script = f"mkdir -p {shlex.quote(str(target.parent))} && echo {payload} | base64 -d > {shlex.quote(str(target))}"
+        done = sandbox.exec(["sh", "-c", script], workdir="/")
+        if not done.ok:
+            raise RuntimeError(f"writing {path} into the sandbox failed: {done.stderr.strip()}")

@@ -1,0 +1,154 @@
+"""The real coding CLIs, unchanged, fix a bug in a tiny repo inside their own containers.
+
+Each container reaches the providers' real host names; polar answers them transparently (no base
+URL, no proxy variable). The scripted model makes the CLI call its own shell tool with a `sed` that
+fixes the bug, then says "done". Checked: the CLI's exit code, the container's file, the captures.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from polar.harnesses import CLIS, Harness, write_files
+from polar.runtime import SandboxSpec
+
+pytestmark = pytest.mark.docker
+
+RUN_TIMEOUT_S = 180
+REPO = "/work/repo"
+CALC = "def add(a, b):\n    return a - b\n"
+TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+FIX = "sed -i 's/a - b/a + b/' calc.py"
+REASONING = "The operator in add is a minus; it should be a plus."
+LEAKY = ("BASE_URL", "PROXY", "API_BASE", "ENDPOINT")  # names that would point a CLI somewhere
+
+
+@dataclass
+class Run:
+    harness: Harness
+    session: str
+    marker: str
+    exit_code: int
+    output: str
+    calc: str
+    env: str
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def images(docker_client, node_image):
+    """polar/cli images, one per harness, built on demand (cached by package version)."""
+    built: dict[str, str] = {}
+
+    def image(harness: Harness) -> str:
+        if harness.name not in built:
+            built[harness.name] = harness.install_layer(docker_client, node_image)
+        return built[harness.name]
+
+    return image
+
+
+def task_prompt(marker: str) -> str:
+    return f"[{marker}] The test in test_calc.py fails. Fix the bug in calc.py."
+
+
+def script(transparent, runs: list[tuple[Harness, str]]) -> None:
+    """One rule per session: the harness's shell tool runs the fix (after a read if it insists), then "done"."""
+    transparent.stack.script(rules=[{"match": marker, "steps": steps(harness)} for harness, marker in runs])
+
+
+def steps(harness: Harness) -> list[dict]:
+    read = harness.read_tool(f"{REPO}/calc.py")
+    calls = ([read] if read else []) + [harness.shell_tool(FIX)]
+    # Reasoning on each tool turn: the CLI must carry it (and its signature) back in its history.
+    return [{"reasoning": REASONING, "content": "", "tool_calls": [call]} for call in calls] + [{"content": "done"}]
+
+
+def run_task(transparent, image: str, harness: Harness, session: str, tmp_path: Path) -> Run:
+    marker = f"polar-task-{session}"
+    repo = tmp_path / session / "repo"
+    repo.mkdir(parents=True)
+    (repo / "calc.py").write_text(CALC)
+    (repo / "test_calc.py").write_text(TEST)
+    spec = SandboxSpec(image=image, session=session, ca_cert=transparent.ca_cert, env=harness.env(session))
+    with transparent.runtime.start(spec) as box:
+        write_files(box, harness.files())
+        box.copy_in(repo, REPO)
+        env = box.exec("env").stdout
+        started = time.monotonic()
+        done = box.exec(harness.command(task_prompt(marker)), timeout=RUN_TIMEOUT_S, workdir=REPO)
+        seconds = time.monotonic() - started
+        box.copy_out(f"{REPO}/calc.py", tmp_path / session / "calc.py")
+    calc = (tmp_path / session / "calc.py").read_text()
+    return Run(harness, session, marker, done.exit_code, done.stdout + done.stderr, calc, env, seconds)
+
+
+def check(run: Run, rows: list[dict]) -> None:
+    last = rows[-1]["request_body"][-1500:] if rows else b""
+    detail = f"{run.harness.name} exit {run.exit_code} after {run.seconds:.0f}s:\n{run.output[-3000:]}\nlast request: {last!r}"
+    assert run.harness.success(run.exit_code), detail
+    assert "a + b" in run.calc, detail
+    leaks = [line for line in run.env.splitlines() if any(word in line.split("=", 1)[0].upper() for word in LEAKY)]
+    assert not leaks, leaks
+    assert len(rows) >= 2, (len(rows), detail)  # the tool-call turn and the final answer at least
+    routed = [r for r in rows if r["endpoint"] != "unknown"]
+    assert {(r["provider"], r["status"]) for r in routed} == {(run.harness.provider, "ok")}, summary(rows)
+    assert any(run.marker.encode() in r["request_body"] for r in routed)
+    # The follow-up turn's history holds the tool turn's reasoning: the CLI echoed it (text, signed
+    # block or sealed blob) and polar recovered it.
+    assert REASONING in str(routed[-1]["canonical"]), summary(rows)
+    # Side channels a CLI GETs (Claude Code's settings and policy limits) are answered 404 and
+    # not captured: every captured row is a model call.
+    assert all(r["endpoint"] != "unknown" for r in rows), summary(rows)
+
+
+def model_calls(rows: list[dict]) -> int:
+    return sum(r["endpoint"] not in ("unknown", "count_tokens", "models") for r in rows)
+
+
+def summary(rows: list[dict]) -> list[tuple]:
+    return [(r["provider"], r["endpoint"], r["path"], r["status"], r["error_kind"], r["error"], r["request_body"][:200]) for r in rows]
+
+
+def upstream_calls(transparent) -> int:
+    """Generation requests the double received (polar's one-off endpoint probe has an empty body)."""
+    return sum(bool(r["body"]) for r in transparent.stack.double.requests)
+
+
+@pytest.mark.parametrize("harness", CLIS, ids=lambda h: h.name)
+def test_cli_fixes_the_bug(transparent, images, harness, tmp_path):
+    image = images(harness)
+    session = f"cli-{harness.name.replace('_', '-')}"
+    script(transparent, [(harness, f"polar-task-{session}")])
+    before = upstream_calls(transparent)
+    run = run_task(transparent, image, harness, session, tmp_path)
+    rows = transparent.rows(session)
+    check(run, rows)
+    # Every upstream call of the run came through polar and was captured under this session.
+    assert upstream_calls(transparent) - before == model_calls(rows), summary(rows)
+    print(f"{harness.name} {harness.version}: {len(rows)} calls in {run.seconds:.1f}s", [r["path"] for r in rows])
+
+
+def test_eight_parallel_sessions(transparent, images, tmp_path):
+    """Eight containers at once, the CLIs mixed: each session's captures hold only its own task."""
+    harnesses = [CLIS[i % len(CLIS)] for i in range(8)]
+    sessions = [f"par-{i}-{h.name.replace('_', '-')}" for i, h in enumerate(harnesses)]
+    image_of = {h.name: images(h) for h in harnesses}  # built before the clock starts
+    script(transparent, [(h, f"polar-task-{s}") for h, s in zip(harnesses, sessions)])
+
+    def one(pair: tuple[Harness, str]) -> Run:
+        harness, session = pair
+        return run_task(transparent, image_of[harness.name], harness, session, tmp_path)
+
+    with ThreadPoolExecutor(len(sessions)) as pool:
+        runs = list(pool.map(one, zip(harnesses, sessions)))
+    for run in runs:
+        rows = transparent.rows(run.session)
+        check(run, rows)
+        others = [f"polar-task-{s}]".encode() for s in sessions if s != run.session]
+        assert not [r for r in rows if any(other in r["request_body"] for other in others)], run.session
