@@ -170,6 +170,7 @@ class ScriptedVLLM:
         self.vocab_size = len(self.tokenizer)
         self._byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
         self.requests: list[dict[str, Any]] = []  # what polar sent (path, headers, body), for tests
+        self.generations = 0  # requests with a body received, ever (`requests` keeps only the last 1000)
         self.fault: dict[str, Any] = {}
         self.app = Starlette(
             routes=[
@@ -212,6 +213,7 @@ class ScriptedVLLM:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise _Invalid(_validation(f"body.{getattr(exc, 'pos', 0)}", "json_invalid", "JSON decode error")) from None
         if record:
+            self.generations += bool(body)
             self.requests.append({"path": request.url.path, "headers": dict(request.headers), "body": body})
             del self.requests[:-1000]  # bounded: long benchmarks must not grow it forever
         if not isinstance(body, dict):
