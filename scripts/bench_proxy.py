@@ -78,6 +78,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=300, help="requests per column and concurrency level")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--stream", action="store_true", help="ask polar for SSE (the upstream call is the same)")
+    ap.add_argument("--sync", choices=["FULL", "NORMAL"], default="FULL",
+                    help="capture commit mode (polar_db_sync; FULL is polar's default): NORMAL survives a crash of "
+                         "polar but not of the machine, and saves the fsync per call")
     ap.add_argument("--tokenizer", default=str(Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache/polar")) / "models/qwen35-tiny"))
     args = ap.parse_args()
 
@@ -87,7 +90,8 @@ def main() -> None:
     procs = [
         subprocess.Popen([*polar, "double", "--tokenizer", args.tokenizer, "--port", str(up_port)]),
         subprocess.Popen([*polar, "proxy", "--upstream", f"http://127.0.0.1:{up_port}", "--port", str(px_port),
-                          "--db", str(tmp / "captures.db")], stdout=subprocess.DEVNULL),
+                          "--db", str(tmp / "captures.db"), "--set", f"polar_db_sync={args.sync}"],
+                         stdout=subprocess.DEVNULL),
     ]
     try:
         wait_http(f"http://127.0.0.1:{up_port}/health")
@@ -96,7 +100,8 @@ def main() -> None:
                        "return_token_ids": True, "logprobs": True}
         polar_body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": MESSAGES, "stream": args.stream}
         table = Table(title=f"polar vs direct upstream ({args.requests} requests per cell, "
-                            f"{'streamed' if args.stream else 'non-streamed'}, {os.cpu_count()} cores shared)")
+                            f"{'streamed' if args.stream else 'non-streamed'}, captures synchronous={args.sync}, "
+                            f"{os.cpu_count()} cores shared)")
         for col in ("clients", "direct p50 ms", "polar p50 ms", "added p50 ms", "direct p99 ms", "polar p99 ms",
                     "added p99 ms", "direct req/s", "polar req/s", "throughput ratio"):
             table.add_column(col, justify="right")
