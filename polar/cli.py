@@ -95,20 +95,13 @@ def captures(db, session, as_json) -> None:
         store.close()
 
 
-@main.command()
-@click.option("--workdir", default=str(DEFAULT_CACHE / "demo"), show_default=True, type=click.Path(file_okay=False))
-@click.option("--tokenizer", "tokenizer_dir", default=str(DEFAULT_TOKENIZER), show_default=True,
-              type=click.Path(file_okay=False))
-def demo(workdir, tokenizer_dir) -> None:
-    """The main job on embedded defaults: upstream double + proxy in-process, all four APIs via the official SDKs."""
-    from polar.demo import run_demo
-
-    run_demo(Path(workdir), Path(tokenizer_dir))
-
-
 from polar.cli_trajectories import trajectories  # noqa: E402  (its own module: one command, one job)
 
 main.add_command(trajectories)
+
+from polar.demo import demo  # noqa: E402  (the main job: rollout of the shipped tasks)
+
+main.add_command(demo)
 
 from polar.cli_rollout import rollout, submit  # noqa: E402
 

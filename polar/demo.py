@@ -1,22 +1,160 @@
 """The main job on embedded defaults, end to end on one machine without a GPU.
 
-Starts the scripted vLLM double (real Qwen3.5 tokenizer) and the polar proxy in-process, then
-drives each of the four provider APIs with its official SDK through one tool-calling round
-(the model calls a tool, the client returns the result, the model answers), streamed, and
-prints what landed in the capture store.
+`polar demo` runs the rollout service in-process on the shipped SWE-style tasks
+(data/tasks/tasks.jsonl) with a real coding CLI in Docker (default: Claude Code), against the
+scripted vLLM double (real Qwen3.5 tokenizer) whose rules make the CLI fix each task with its own
+shell tool: the rule matches a marker in the task's instruction (`metadata.scripted`), and the
+scripted model calls the harness's shell tool with the fix, then answers. Each task runs as a
+small GRPO group; the SWE evaluator scores every session's diff against the hidden tests; the
+scored trajectories land in the rollout state (SQLite) and a summary table is printed.
+`--runtime local` runs the python-agent as host processes instead (no Docker).
+
+`polar demo --sdk-tour` keeps the gateway's own demonstration: the four provider APIs driven by
+their official SDKs through one streamed tool-calling round each, and the capture table.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import click
 from rich.console import Console
+from rich.table import Table
 
 from polar.capture.store import CaptureStore
 from polar.doubles.scripted_vllm import BackgroundServer, Script, ScriptedVLLM
+from polar.harnesses import HARNESSES, Harness, get
 from polar.proxy import BackgroundProxy, ProxyConfig, free_port
 from polar.report import captures_table
+from polar.rollout.tasks import Named, SessionResult, TaskSpec, load_tasks
 from polar.trajectories.builders import prefix_merge
+
+TASKS = Path(__file__).resolve().parents[1] / "data" / "tasks" / "tasks.jsonl"
+WORKDIR = "/work"  # where sessions find the repository (polar.rollout.session.WORKDIR)
+REASONING = "The failing behaviour comes from one line; a single edit fixes it."
+
+
+@dataclass
+class MainJob:
+    """What the main job produced: every session's result and how many model calls each left."""
+
+    results: list[SessionResult]
+    calls: dict[str, int]  # session id → captured model calls
+    state: Path
+    captures: Path
+    seconds: float
+
+
+def scripted_rule(task: TaskSpec, harness: Harness) -> dict[str, Any]:
+    """The double's rule for one task: (read the file if the harness insists,) run the fix with the
+    harness's shell tool, then say it is done. Reasoning on tool turns travels back in the history."""
+    scripted = task.metadata["scripted"]
+    read = harness.read_tool(f"{WORKDIR}/{scripted['file']}")
+    calls = ([read] if read else []) + [harness.shell_tool(scripted["fix"])]
+    steps = [{"reasoning": REASONING, "content": "", "tool_calls": [call]} for call in calls]
+    return {"match": scripted["marker"], "steps": [*steps, {"content": "Fixed."}]}
+
+
+def demo_tasks(path: Path, harness: str, runtime: str, samples: int) -> list[TaskSpec]:
+    return [t.model_copy(update={"harness": Named(name=harness), "runtime": runtime, "samples": samples})
+            for t in load_tasks(path)]
+
+
+def run_main_job(workdir: Path, tokenizer_dir: Path, harness: str = "claude_code", runtime: str = "docker",
+                 samples: int = 2, tasks_path: Path = TASKS, console: Console | None = None) -> MainJob:
+    """Submit the shipped tasks to an in-process rollout service and wait for every session."""
+    from polar.rollout.session import embedded_gateway
+
+    console = console or Console(width=max(Console().width, 120))
+    workdir.mkdir(parents=True, exist_ok=True)
+    captures, state = workdir / "captures.db", workdir / "rollout.db"
+    for db in (captures, state):  # a fresh run: the shipped task ids are submitted again
+        for suffix in ("", "-wal", "-shm"):
+            db.with_name(db.name + suffix).unlink(missing_ok=True)
+    tasks = demo_tasks(tasks_path, harness, runtime, samples)
+    script = Script.from_json({"rules": [scripted_rule(t, get(harness)) for t in tasks]})
+    upstream = BackgroundServer(ScriptedVLLM(tokenizer_dir, "polar-tiny", script=script).app)
+    upstream_url = upstream.start()
+    proxy, env = embedded_gateway(upstream_url, str(captures), 0, tokenizer=str(tokenizer_dir),
+                                  docker=runtime == "docker")
+    console.print(f"[bold]polar[/] {proxy.url} → scripted vLLM double {upstream_url}; "
+                  f"{len(tasks)} tasks × {samples} samples, harness [bold]{harness}[/] on {runtime}")
+    started = time.monotonic()
+    try:
+        results = asyncio.run(_rollout(env, tasks, state, console))
+    finally:
+        for rt in env.runtimes.values():
+            rt.close()
+        proxy.stop()
+        upstream.stop()
+    job = MainJob(results, _calls(captures, results), state, captures, time.monotonic() - started)
+    console.print(summary_table(job))
+    console.print(f"{len(results)} sessions in {job.seconds:.0f}s; scored trajectories in {state} "
+                  f"(`polar rollout export --state {state} --out traj.jsonl`), captures in {captures}")
+    return job
+
+
+async def _rollout(env, tasks: list[TaskSpec], state_path: Path, console: Console) -> list[SessionResult]:
+    from polar.rollout.node import GatewayNode, NodeConfig
+    from polar.rollout.service import LocalNode, RolloutService
+    from polar.rollout.session import SessionPhases
+    from polar.rollout.state import RolloutState
+
+    config = NodeConfig(init_workers=2, ready_size=2, running_slots=2, postrun_workers=2)
+    service = RolloutService(RolloutState(state_path), [LocalNode(GatewayNode(SessionPhases(env, config), config),
+                                                                  env.capture_db)])
+    await service.start()
+    results: list[SessionResult] = []
+    try:
+        accepted = await service.submit(tasks)
+        pending = {s for a in accepted for s in a["sessions"]}
+        async for item in service.results(follow=True):
+            if item is None or item[1].session_id not in pending:
+                continue
+            result = item[1]
+            pending.discard(result.session_id)
+            results.append(result)
+            console.print(f"  {result.session_id}: {result.outcome}, reward {result.reward}"
+                          + (f" — {result.error}" if result.error else ""))
+            if not pending:
+                break
+    finally:
+        await service.close()
+    return results
+
+
+def _calls(captures: Path, results: list[SessionResult]) -> dict[str, int]:
+    """Captured model calls per session (the session's capture id is its session id: no restarts here)."""
+    store = CaptureStore(captures, readonly=True)
+    try:
+        return {r.session_id: sum(row["endpoint"] not in ("unknown", "count_tokens", "models")
+                                  for row in store.calls(session=r.session_id, with_tokens=False))
+                for r in results}
+    finally:
+        store.close()
+
+
+def summary_table(job: MainJob) -> Table:
+    by_task: dict[str, list[SessionResult]] = defaultdict(list)
+    for r in job.results:
+        by_task[r.task_id].append(r)
+    table = Table(title="main job: scored trajectories")
+    for name in ("task", "sessions", "solved", "mean reward", "calls captured", "trajectories", "trainable tokens"):
+        table.add_column(name, justify="left" if name == "task" else "right")
+    for task_id, rs in sorted(by_task.items()):
+        rewards = [r.reward for r in rs if r.reward is not None]
+        table.add_row(task_id, str(len(rs)), str(sum(x >= 1.0 for x in rewards)),
+                      f"{sum(rewards) / len(rewards):.2f}" if rewards else "-",
+                      str(sum(job.calls.get(r.session_id, 0) for r in rs)),
+                      str(sum(len(r.trajectories) for r in rs)),
+                      str(sum(t.trainable_tokens for r in rs for t in r.trajectories)))
+    return table
+
 
 WEATHER = {
     "name": "get_weather",
@@ -36,7 +174,8 @@ QUESTION = "What is the weather in Paris?"
 TOOL_RESULT = "sunny, 21 °C"
 
 
-def run_demo(workdir: Path, tokenizer_dir: Path) -> None:
+def sdk_tour_run(workdir: Path, tokenizer_dir: Path) -> None:
+    """The four provider APIs through polar with their official SDKs, one tool-calling round each."""
     console = Console(width=max(Console().width, 140))
     workdir.mkdir(parents=True, exist_ok=True)
     db = workdir / "captures.db"
@@ -73,7 +212,8 @@ def _anthropic(url: str, session: str) -> str:
     client = anthropic.Anthropic(base_url=url, api_key="sk-demo", default_headers={"x-polar-session": session})
     messages = [{"role": "user", "content": QUESTION}]
     tools = [{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}]
-    kwargs = dict(model="claude-sonnet-4-5", max_tokens=2048, tools=tools, thinking={"type": "enabled", "budget_tokens": 1024})
+    kwargs = {"model": "claude-sonnet-4-5", "max_tokens": 2048, "tools": tools,
+              "thinking": {"type": "enabled", "budget_tokens": 1024}}
     with client.messages.stream(messages=messages, **kwargs) as s:
         first = s.get_final_message()
     call = next(b for b in first.content if b.type == "tool_use")
@@ -108,8 +248,8 @@ def _responses(url: str, session: str) -> str:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-demo", default_headers={"x-polar-session": session})
     tools = [{"type": "function", "strict": False, **WEATHER}]
     items: list = [{"role": "user", "content": QUESTION}]
-    kwargs = dict(model="gpt-5-codex", tools=tools, store=False, include=["reasoning.encrypted_content"],
-                  reasoning={"effort": "medium", "summary": "auto"})
+    kwargs = {"model": "gpt-5-codex", "tools": tools, "store": False, "include": ["reasoning.encrypted_content"],
+              "reasoning": {"effort": "medium", "summary": "auto"}}
     with client.responses.stream(input=items, **kwargs) as s:
         first = s.get_final_response()
     call = next(i for i in first.output if i.type == "function_call")
@@ -143,3 +283,36 @@ def _gemini(url: str, session: str) -> str:
                 text += part.text
     return text
 
+
+
+@click.command("demo")
+@click.option("--workdir", default=None, type=click.Path(file_okay=False),
+              help="Where the databases go (default: ${POLAR_CACHE:-~/.cache/polar}/demo).")
+@click.option("--tokenizer", "tokenizer_dir", default=None, type=click.Path(file_okay=False),
+              help="The scripted double's tokenizer (default: the Qwen3.5 one scripts/demo builds).")
+@click.option("--harness", default=None, type=click.Choice(sorted(HARNESSES)),
+              help="Default: claude_code on docker, python-agent on local.")
+@click.option("--runtime", default="docker", show_default=True, type=click.Choice(["docker", "local"]),
+              help="local: host processes, no Docker (use --harness python-agent).")
+@click.option("--samples", default=2, show_default=True, type=int, help="Sessions per task (a GRPO group).")
+@click.option("--tasks", "tasks_path", default=str(TASKS), show_default=True, type=click.Path(dir_okay=False))
+@click.option("--sdk-tour", is_flag=True, help="Instead: the four provider APIs through polar with their SDKs.")
+def demo(workdir, tokenizer_dir, harness, runtime, samples, tasks_path, sdk_tour) -> None:
+    """The main job: shipped tasks → rollout service → a real CLI in Docker → scored trajectories."""
+    from polar.cli import DEFAULT_CACHE, DEFAULT_TOKENIZER
+
+    workdir = Path(workdir or DEFAULT_CACHE / "demo")
+    tokenizer_dir = Path(tokenizer_dir or DEFAULT_TOKENIZER)
+    if sdk_tour:
+        return sdk_tour_run(workdir, tokenizer_dir)
+    harness = harness or ("claude_code" if runtime == "docker" else "python-agent")
+    if runtime == "local" and get(harness).needs_container:
+        raise click.UsageError(f"{harness} runs in a container: use --runtime docker")
+    job = run_main_job(workdir, tokenizer_dir, harness, runtime, samples, Path(tasks_path))
+    unsolved = [r.session_id for r in job.results if r.reward != 1.0]
+    if unsolved:
+        raise click.ClickException(f"{len(unsolved)} sessions not solved: {', '.join(unsolved)}")
+
+
+if __name__ == "__main__":  # `python -m polar.demo` (scripts/demo, tests)
+    demo()

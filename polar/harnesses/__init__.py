@@ -1,18 +1,22 @@
-"""Harness shortcuts: the coding CLIs polar runs unchanged in session sandboxes, by name."""
+"""Harnesses by name: the coding CLIs polar runs unchanged in session sandboxes, a generic shell
+command, and the small python-agent — all behind the one `Harness` interface (base.py)."""
 
 from __future__ import annotations
 
-from polar.harnesses.base import Harness, write_files
+from typing import Any
+
+from polar.harnesses.base import SUPPORT_DIR, Harness, SessionContext, write_files
 from polar.harnesses.claude_code import CLAUDE_CODE
 from polar.harnesses.codex import CODEX
 from polar.harnesses.gemini_cli import GEMINI_CLI
 from polar.harnesses.opencode import OPENCODE
 from polar.harnesses.pi import PI
+from polar.harnesses.python_agent import PYTHON_AGENT, PythonAgent
 from polar.harnesses.qwen_code import QWEN_CODE
 from polar.harnesses.shell import SHELL, Shell
 
 CLIS: tuple[Harness, ...] = (CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, PI, QWEN_CODE)  # installed from npm
-HARNESSES: dict[str, Harness] = {h.name: h for h in (*CLIS, SHELL)}
+HARNESSES: dict[str, Harness] = {h.name: h for h in (*CLIS, SHELL, PYTHON_AGENT)}
 
 
 def get(name: str) -> Harness:
@@ -22,4 +26,12 @@ def get(name: str) -> Harness:
         raise KeyError(f"unknown harness {name!r}; known: {', '.join(sorted(HARNESSES))}") from None
 
 
-__all__ = ["CLIS", "HARNESSES", "Harness", "Shell", "get", "write_files"]
+def make_harness(name: str, options: dict[str, Any] | None = None) -> Harness:
+    """A task's harness: the registered one, with its options applied (ValueError when unknown)."""
+    if name not in HARNESSES:
+        raise ValueError(f"unknown harness {name!r} (known: {', '.join(sorted(HARNESSES))})")
+    return HARNESSES[name].with_options(**(options or {})) if options else HARNESSES[name]
+
+
+__all__ = ["CLIS", "HARNESSES", "SUPPORT_DIR", "Harness", "PythonAgent", "SessionContext", "Shell", "get",
+           "make_harness", "write_files"]

@@ -1,15 +1,22 @@
-"""What polar knows about running one coding CLI, unchanged, in a session sandbox.
+"""The one `Harness` interface: what polar knows about running an agent, unchanged, in a session sandbox.
 
-A harness is installed on the host from npm into a versioned prefix under
+The rollout service and the CLI tests both run harnesses through it: `launch` gives the argv and
+environment for one task, `files` the config files to write first, `host_files` host files to copy
+in, `shell_tool` the tool call a scripted model makes to have the harness run a command.
+
+A CLI harness is installed on the host from npm into a versioned prefix under
 ${POLAR_CACHE:-~/.cache/polar}/npm, copied into a cached image layer (`runtimes/docker/cli`),
 and run headless with the task as its prompt. In transparent mode it gets only what a user would
 give it — an API key and its usual config files — never a base URL or a proxy variable: the
-sandbox resolves the provider's own host to polar.
+sandbox resolves the provider's own host to polar. Harnesses that take a base URL instead (the
+generic `shell` command, the small `python-agent`) get polar's URL and a registered per-session key
+from `SessionContext`.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import fcntl
 import os
 import shlex
@@ -20,11 +27,46 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 HOME = "/root"  # sandboxes run as root unless their spec names a user
+SUPPORT_DIR = "/polar"  # sandbox directory for polar's own files: outside the workdir, so out of the diff
 
 
 def npm_cache() -> Path:
     root = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))
     return root / "npm"
+
+
+@dataclass(frozen=True)
+class SessionContext:
+    """What a harness may need to know about its session, beyond the task."""
+
+    session_id: str
+    api_key: str  # registered for this session in the gateway's registry (reverse mode)
+    base_url: str  # polar's root URL as seen from the sandbox (reverse mode)
+    workdir: str  # sandbox path of the repository
+    model: str  # the task's model name, for harnesses that ask for whatever they are told
+    python: str  # the Python interpreter inside the sandbox
+
+    def sandbox_relative(self, sandbox_path: str) -> str:
+        """A sandbox path as commands should name it: relative to the workdir, which every runtime honours."""
+        return os.path.relpath(sandbox_path, self.workdir)
+
+    def provider_env(self) -> dict[str, str]:
+        """Base URLs and keys for every provider SDK, all pointing at polar with this session's key."""
+        base = self.base_url.rstrip("/")
+        return {
+            "OPENAI_BASE_URL": f"{base}/v1",
+            "OPENAI_API_KEY": self.api_key,
+            "ANTHROPIC_BASE_URL": base,
+            "ANTHROPIC_API_KEY": self.api_key,
+            "GOOGLE_GEMINI_BASE_URL": base,
+            "GEMINI_API_KEY": self.api_key,
+            "POLAR_MODEL": self.model,
+            "POLAR_SESSION": self.session_id,
+        }
+
+    def expand(self, text: str) -> str:
+        """`{python}` and `{workdir}` placeholders in task-supplied commands."""
+        return text.replace("{python}", shlex.quote(self.python)).replace("{workdir}", self.workdir)
 
 
 @dataclass(frozen=True)
@@ -87,6 +129,30 @@ class Harness(ABC):
 
     def success(self, exit_code: int) -> bool:
         return exit_code == 0
+
+    # -- in a rollout session ----------------------------------------------------------------------
+
+    @property
+    def needs_container(self) -> bool:
+        """Installed into an image and configured in its home: it cannot run on the host."""
+        return bool(self.package)
+
+    def launch(self, instruction: str, ctx: SessionContext) -> tuple[list[str], dict[str, str]]:
+        """The argv (run in the workdir) and environment for one session. A CLI gets only what a
+        user would give it; harnesses that take a base URL override this to get polar's."""
+        return self.command(instruction), self.env(ctx.session_id)
+
+    def host_files(self, ctx: SessionContext) -> dict[str, Path]:
+        """Host files to copy into the sandbox before it runs: {sandbox path: host path}."""
+        return {}
+
+    def with_options(self, **options: Any) -> Harness:
+        """This harness with some fields replaced (a task's `harness.options`, e.g. a model or version)."""
+        fields = {f.name for f in dataclasses.fields(self)} - {"name"}
+        unknown = sorted(set(options) - fields)
+        if unknown:
+            raise ValueError(f"harness {self.name!r} has no option {', '.join(unknown)} (it has: {', '.join(sorted(fields))})")
+        return dataclasses.replace(self, **options)
 
 
 def _npm_install(prefix: Path, spec: str) -> None:

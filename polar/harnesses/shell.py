@@ -1,7 +1,9 @@
 """A generic shell command as a harness: any agent polar has no shortcut for, already in the image.
 
-The task reaches the script as "$1" (never interpolated into it, so no quoting issues). Whatever the
-script runs must find its provider by its default host, as the CLIs do in transparent mode.
+The task reaches the script as "$1" (never interpolated into it, so no quoting issues) and as
+POLAR_INSTRUCTION. In a rollout session the script also gets polar's base URLs and the session's
+key (`SessionContext.provider_env`) and may name `{python}` and `{workdir}`; an agent that ignores
+base URLs finds its provider by its default host, as the CLIs do in transparent mode.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar.harnesses.base import HOME, Harness
+from polar.harnesses.base import HOME, Harness, SessionContext
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,10 @@ class Shell(Harness):
         name, argument = self.tool
         return {"name": name, "arguments": {argument: cmd}}
 
+    def launch(self, instruction: str, ctx: SessionContext) -> tuple[list[str], dict[str, str]]:
+        env = {**ctx.provider_env(), "POLAR_INSTRUCTION": instruction, **self.variables}
+        return ["sh", "-c", ctx.expand(self.script), "sh", instruction], env
 
-# The registry's entry; a real agent is `dataclasses.replace(SHELL, script=..., variables=...)`.
+
+# The registry's entry; a real agent is `SHELL.with_options(script=..., variables=...)`.
 SHELL = Shell(name="shell", package="", version="", provider="", model="")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from polar.rollout.harnesses import SUPPORT_DIR, SessionContext
+from polar.harnesses import SUPPORT_DIR, SessionContext
 from polar.rollout.node import HarnessRun
 from polar.rollout.tasks import Named, TaskSpec
 from polar.runtime.base import Runtime, Sandbox, SandboxSpec
@@ -125,7 +125,7 @@ class SWE(Evaluator):
     name = "swe"
 
     def prepare(self, task: TaskSpec, runtime: Runtime, session: SessionContext) -> Any:
-        sandbox = runtime.start(SandboxSpec(image=task.image, session=f"{session.session_id}-eval",
+        sandbox = runtime.start(SandboxSpec(image=task.image or "", session=f"{session.session_id}-eval",
                                             workdir=session.workdir))
         try:
             if task.repo:

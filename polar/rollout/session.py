@@ -1,7 +1,8 @@
 """What the pools do with one real session: sandbox, harness, capture, trajectories, reward.
 
-INIT starts the sandbox, copies the repository in and records its state as a git commit (the
-diff evaluators see is taken against it), installs the harness's files, registers the session's
+INIT starts the sandbox (for Docker without a task image: an image with the harness's CLI, git,
+python3 and pytest, built once and cached), copies the repository in and records its state as a
+git commit (the diff evaluators see is taken against it), writes the harness's config and files, registers the session's
 API key with the gateway and lets the evaluator prewarm. RUNNING runs the harness under its
 deadline. POSTRUN rebuilds the session's trajectories from the capture store, takes the diff,
 evaluates, attaches rewards and tears everything down, whatever failed on the way.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from polar.capture.store import CaptureStore
+from polar.harnesses import Harness, SessionContext, make_harness, write_files
 from polar.rollout.evaluators import EvalContext, Evaluation, Evaluator, make_evaluator
-from polar.rollout.harnesses import Harness, SessionContext, make_harness
 from polar.rollout.node import HarnessRun, NodeConfig
 from polar.rollout.tasks import SessionResult, SessionSpec
 from polar.runtime.base import Runtime, Sandbox, SandboxSpec
+from polar.runtime.local import LocalRuntime
 from polar.trajectories.builders import prefix_merge
 from polar.trajectories.model import Trajectory
 
@@ -52,7 +55,6 @@ def embedded_gateway(upstream: str, db: str, port: int, upstream_model: str = ""
     calls to the providers' own hosts land in polar and are attributed by container address.
     Returns the proxy (stop it when done) and the node's environment."""
     from polar.proxy import BackgroundProxy, ProxyConfig, free_port
-    from polar.runtime.local import LocalRuntime
     from polar.transparent import add_listeners, ca_cert_path, transparent_modes
 
     proxy = BackgroundProxy(ProxyConfig(upstream=upstream, db=db, port=port or free_port(),
@@ -94,6 +96,8 @@ class SessionPhases:
         self._init_pool = ThreadPoolExecutor(max(1, config.init_workers), thread_name_prefix="rollout-init")
         self._run_pool = ThreadPoolExecutor(max(1, config.running_slots), thread_name_prefix="rollout-run")
         self._post_pool = ThreadPoolExecutor(max(1, config.postrun_workers), thread_name_prefix="rollout-post")
+        self._images: dict[tuple[int, str], str] = {}  # (runtime, harness) → built image
+        self._images_lock = threading.Lock()
 
     async def _in(self, pool: ThreadPoolExecutor, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
@@ -120,26 +124,49 @@ class SessionPhases:
         task = spec.task
         if task.runtime not in self.env.runtimes:
             raise ValueError(f"runtime {task.runtime!r} is not available on this node ({', '.join(self.env.runtimes)})")
-        harness, evaluator = make_harness(task.harness), make_evaluator(task.evaluator)
+        harness, evaluator = make_harness(task.harness.name, task.harness.options), make_evaluator(task.evaluator)
         runtime = self.env.runtimes[task.runtime]
+        if harness.needs_container and isinstance(runtime, LocalRuntime):
+            raise ValueError(f"harness {harness.name!r} is installed into an image: use a container runtime")
+        image = task.image or self._image(runtime, harness)
+        if image != task.image:  # the evaluator's clean copy runs in the same image
+            spec = spec.model_copy(update={"task": task.model_copy(update={"image": image})})
         ctx = SessionContext(session_id=spec.capture_id, api_key="sk-polar-" + secrets.token_hex(16),
                              base_url=self.env.polar_urls.get(task.runtime, self.env.polar_url), workdir=WORKDIR,
                              model=task.model, python=self.env.pythons.get(task.runtime, "python3"))
-        sandbox = runtime.start(SandboxSpec(image=task.image, session=spec.capture_id, workdir=WORKDIR,
+        sandbox = runtime.start(SandboxSpec(image=image or "", session=spec.capture_id, workdir=WORKDIR,
                                             ca_cert=Path(self.env.ca_cert) if self.env.ca_cert else None))
         prepared = Prepared(spec, sandbox, runtime, harness, evaluator, ctx)
         try:
             if task.repo:
                 sandbox.copy_in(task.repo, WORKDIR)
             prepared.has_git = self._baseline(sandbox)
-            for target, source in harness.files_to_install(task, ctx).items():
+            write_files(sandbox, harness.files())
+            for target, source in harness.host_files(ctx).items():
                 sandbox.copy_in(source, target)
             self.env.register_key(ctx.api_key, spec.capture_id)
-            prepared.eval_prepared = evaluator.prepare(task, runtime, ctx)
+            prepared.eval_prepared = evaluator.prepare(spec.task, runtime, ctx)
         except Exception:
             self._teardown(prepared)
             raise
         return prepared
+
+    def _image(self, runtime: Runtime, harness: Harness) -> str | None:
+        """The image for a task that names none: on Docker, the harness's CLI (if any) over git,
+        python3 and pytest, built once per CLI version; elsewhere none."""
+        from polar.runtime.docker_runtime import DockerRuntime
+
+        if not isinstance(runtime, DockerRuntime):
+            return None
+        key = (id(runtime), harness.package, harness.version)
+        with self._images_lock:  # concurrent INITs build once
+            if key not in self._images:
+                from polar.rollout.swe_image import swe_image
+                from polar.runtime.images import node_image
+
+                tools = swe_image(runtime.client, node_image(runtime.client))
+                self._images[key] = harness.install_layer(runtime.client, tools)
+            return self._images[key]
 
     @staticmethod
     def _baseline(sandbox: Sandbox) -> bool:
@@ -154,7 +181,7 @@ class SessionPhases:
         return True
 
     def _run(self, prepared: Prepared, timeout: float) -> HarnessRun:
-        argv, env = prepared.harness.command(prepared.spec.task, prepared.ctx)
+        argv, env = prepared.harness.launch(prepared.spec.task.instruction, prepared.ctx)
         done = prepared.sandbox.exec(argv, env=env, timeout=timeout)
         return HarnessRun(exit_code=done.exit_code, timed_out=done.timed_out,
                           output_tail=(done.stdout[-2000:] + done.stderr[-2000:]))

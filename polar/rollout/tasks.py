@@ -40,7 +40,8 @@ class TaskSpec(_Model):
                     pattern=r"^[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,99}$")
     instruction: str
     repo: str | None = None  # host directory copied into the session's workdir
-    image: str = "python:3.12-slim"  # the runtime's image (ignored by the local runtime)
+    # The container image; None: Docker builds one for the harness (its CLI, git, python3, pytest).
+    image: str | None = None  # ignored by the local runtime
     harness: Named = Field(default_factory=lambda: Named(name="python-agent"))
     runtime: str = "local"
     evaluator: Named = Field(default_factory=lambda: Named(name="completed"))
@@ -88,7 +89,8 @@ class SessionResult(_Model):
     node: str | None = None
 
 
-# Options that name host files: relative paths in a tasks file are relative to that file.
+# Evaluator options that name host files: relative paths in a tasks file are relative to that file.
+# (A harness's `script` is a shell command, not a file.)
 _PATH_OPTIONS = ("hidden", "script")
 
 
@@ -106,9 +108,8 @@ def load_tasks(path: str | Path) -> list[TaskSpec]:
             raise ValueError(f"{path}:{n}: {exc}") from None
         if task.repo:
             task.repo = str(base / task.repo)
-        for named in (task.evaluator, task.harness):
-            for key in _PATH_OPTIONS:
-                if isinstance(named.options.get(key), str):
-                    named.options[key] = str(base / named.options[key])
+        for key in _PATH_OPTIONS:
+            if isinstance(task.evaluator.options.get(key), str):
+                task.evaluator.options[key] = str(base / task.evaluator.options[key])
         tasks.append(task)
     return tasks

@@ -8,7 +8,7 @@ import tomllib
 
 import pytest
 
-from polar.harnesses import CLIS, HARNESSES, Shell, get
+from polar.harnesses import CLIS, HARNESSES, SessionContext, Shell, get, make_harness
 from polar.providers import BY_NAME
 
 TASK = "fix it; don't 'break' $HOME"
@@ -70,4 +70,36 @@ def test_generic_shell_passes_the_task_as_an_argument():
 def test_unknown_harness_names_the_known_ones():
     with pytest.raises(KeyError, match="claude_code"):
         get("nope")
-    assert set(HARNESSES) == {"claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "shell"}
+    assert set(HARNESSES) == {"claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "shell",
+                              "python-agent"}
+    with pytest.raises(ValueError, match="unknown harness 'nope'"):
+        make_harness("nope")
+
+
+CTX = SessionContext(session_id="s-1", api_key="sk-polar-x", base_url="http://polar:8080", workdir="/work",
+                     model="polar-policy", python="/usr/bin/python3")
+
+
+@pytest.mark.parametrize("harness", CLIS, ids=lambda h: h.name)
+def test_a_cli_is_launched_as_a_user_would_run_it(harness):
+    argv, env = harness.launch(TASK, CTX)
+    assert argv == harness.command(TASK) and env == harness.env("s-1")
+    assert harness.needs_container and not harness.host_files(CTX)
+
+
+def test_base_url_harnesses_get_polar_and_the_session_key():
+    argv, env = get("python-agent").launch(TASK, CTX)
+    assert argv == ["/usr/bin/python3", "../polar/agent.py"]
+    assert (env["OPENAI_BASE_URL"], env["OPENAI_API_KEY"], env["POLAR_INSTRUCTION"]) == (
+        "http://polar:8080/v1", "sk-polar-x", TASK)
+    assert get("python-agent").host_files(CTX)["/polar/agent.py"].is_file()
+    argv, env = make_harness("shell", {"script": "{python} agent.py \"$1\""}).launch(TASK, CTX)
+    assert argv == ["sh", "-c", "/usr/bin/python3 agent.py \"$1\"", "sh", TASK]
+    assert env["ANTHROPIC_BASE_URL"] == "http://polar:8080"
+
+
+def test_options_replace_fields_and_unknown_ones_are_named():
+    assert make_harness("python-agent", {"max_steps": 3}).env("s")["POLAR_MAX_STEPS"] == "3"
+    assert "claude-opus-4-1" in make_harness("claude_code", {"model": "claude-opus-4-1"}).command("t")
+    with pytest.raises(ValueError, match="no option bogus"):
+        make_harness("codex", {"bogus": 1})

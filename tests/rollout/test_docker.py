@@ -46,7 +46,7 @@ def test_container_session_is_captured_and_scored(docker_env):
     env, image = docker_env
     check = Named(name="test_output", options={"command": "grep -q 'hello from a container' out.json"})
     task = TaskSpec(id="in-docker", instruction="x", runtime="docker", image=image, timeout=60,
-                    harness=Named(name="shell", options={"command": CALL}), evaluator=check)
+                    harness=Named(name="shell", options={"script": CALL}), evaluator=check)
     (result,) = run_sessions(env, [task])
     assert (result.outcome, result.reward) == ("ok", 1.0), result
     (trajectory,) = result.trajectories

@@ -72,7 +72,7 @@ def test_real_sessions_on_a_gateway_node_actor(local_ray, double_server, tokeniz
         await service.start()
         try:
             task = TaskSpec(id="ray-real", instruction="x", samples=2,
-                            harness=Named(name="shell", options={"command": ONE_CALL}))
+                            harness=Named(name="shell", options={"script": ONE_CALL}))
             await service.submit([task])
             results = []
             async with asyncio.timeout(90):

@@ -77,7 +77,7 @@ ONE_CALL = (
 
 
 def test_timed_out_harness_keeps_its_partial_trajectory(stack, node_env):
-    hang = Named(name="shell", options={"command": f"{ONE_CALL} && sleep 30"})
+    hang = Named(name="shell", options={"script": f"{ONE_CALL} && sleep 30"})
     task = TaskSpec(id="slow", instruction="x", timeout=3, harness=hang)
     (result,) = run_sessions(node_env, [task])
     assert result.outcome == "timeout" and result.partial and result.reward == 0.0
@@ -97,7 +97,7 @@ def per_turn(ctx, **options):
 def test_evaluator_kinds_and_crashes(stack, node_env, tmp_path):
     script = tmp_path / "reward.sh"
     script.write_text('grep -q hello out.txt && echo 0.75 > "$POLAR_REWARD_FILE"\n')
-    shell = Named(name="shell", options={"command": f"echo hello > out.txt && {ONE_CALL}"})
+    shell = Named(name="shell", options={"script": f"echo hello > out.txt && {ONE_CALL}"})
     tasks = [
         TaskSpec(id="script", instruction="x", harness=shell,
                  evaluator=Named(name="script_reward", options={"script": str(script)})),
@@ -107,7 +107,7 @@ def test_evaluator_kinds_and_crashes(stack, node_env, tmp_path):
         TaskSpec(id="crash", instruction="x", harness=shell, evaluator=Named(name=f"{__name__}:crashing_evaluator")),
         TaskSpec(id="no-runtime", instruction="x", runtime="nowhere"),
         TaskSpec(id="failing-harness", instruction="x",
-                 harness=Named(name="shell", options={"command": "echo boom >&2; exit 3"})),
+                 harness=Named(name="shell", options={"script": "echo boom >&2; exit 3"})),
     ]
     script_r, tests_r, custom_r, crash_r, runtime_r, failing_r = run_sessions(node_env, tasks, running_slots=3)
     assert (script_r.outcome, script_r.reward) == ("ok", 0.75)
@@ -120,10 +120,16 @@ def test_evaluator_kinds_and_crashes(stack, node_env, tmp_path):
 
 
 def test_unknown_names_fail_clearly():
+    from polar.harnesses import make_harness
     from polar.rollout.evaluators import make_evaluator
-    from polar.rollout.harnesses import make_harness
 
     with pytest.raises(ValueError, match="unknown harness 'nope'"):
-        make_harness(Named(name="nope"))
+        make_harness("nope")
     with pytest.raises(ValueError, match="unknown evaluator 'nope'"):
         make_evaluator(Named(name="nope"))
+
+
+def test_a_cli_harness_is_refused_on_the_host(stack, node_env):
+    task = TaskSpec(id="cli-on-host", instruction="x", harness=Named(name="claude_code"))
+    (result,) = run_sessions(node_env, [task])
+    assert result.outcome == "error" and "use a container runtime" in result.error

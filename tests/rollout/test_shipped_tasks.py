@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from polar.harnesses import SessionContext
 from polar.rollout.evaluators import EvalContext, make_evaluator
-from polar.rollout.harnesses import SessionContext
 from polar.rollout.node import HarnessRun
 from polar.rollout.tasks import load_tasks
 from polar.runtime.local import LocalRuntime
