@@ -51,3 +51,26 @@ def test_container_session_is_captured_and_scored(docker_env):
     assert (result.outcome, result.reward) == ("ok", 1.0), result
     (trajectory,) = result.trajectories
     assert len(trajectory.turns) == 1 and trajectory.trainable_tokens > 0
+
+
+def test_harness_cannot_read_the_evaluation_material(docker_env, tmp_path):
+    """Hidden tests exist only on the host until evaluation, and then only in the evaluator's own
+    clean copy: a harness that searches its whole container finds nothing, yet the evaluation runs
+    them (they pass only if the harness's search came back empty)."""
+    env, _ = docker_env
+    marker = "polar-hidden-material-7f3a"
+    repo, hidden = tmp_path / "repo", tmp_path / "hidden" / "tests"
+    repo.mkdir()
+    (repo / "app.py").write_text("VALUE = 1\n")
+    hidden.mkdir(parents=True)
+    (hidden / "test_hidden.py").write_text(
+        f"# {marker}\nfrom pathlib import Path\n\n\ndef test_harness_found_nothing():\n"
+        "    assert Path('leak.txt').read_text().strip() == ''\n")
+    search = (f"grep -rl --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev '{marker}' / 2>/dev/null > /tmp/found;"
+              " cp /tmp/found leak.txt")
+    task = TaskSpec(id="clean-env", instruction="x", runtime="docker", repo=str(repo), timeout=120,
+                    harness=Named(name="shell", options={"script": search}),
+                    evaluator=Named(name="swe", options={"hidden": str(hidden.parent),
+                                                        "fail_to_pass": ["tests/test_hidden.py::test_harness_found_nothing"]}))
+    (result,) = run_sessions(env, [task], timeout=240)
+    assert (result.outcome, result.reward) == ("ok", 1.0), result
