@@ -93,6 +93,17 @@ class Gateway:
             self.policy_version = policy_version
         self._open.set()
 
+    def _version(self, upstream: int | str | None) -> str | None:
+        """vLLM's own weight version when it tracks one; its placeholder "default" yields to the trainer's."""
+        if upstream is not None and str(upstream) != "default":
+            return str(upstream)
+        return self.policy_version or (None if upstream is None else str(upstream))
+
+    @property
+    def in_flight(self) -> int:
+        """Model calls being sampled right now."""
+        return self._in_flight
+
     async def drain(self) -> None:
         """Return once no model call is being sampled."""
         await self._idle.wait()
@@ -220,7 +231,7 @@ class Gateway:
             upstream_model=result.model,
             result=result.model_dump_json(exclude={"prompt_token_ids", "completion_token_ids", "completion_logprobs"}),
             finish_reason=result.finish_reason,
-            policy_version=self.policy_version if result.policy_version is None else str(result.policy_version),
+            policy_version=self._version(result.policy_version),
             prompt_mode=result.prompt_mode,
             **self.store.tokens_fields(
                 ident.session, meta["row"], result.prompt_token_ids, result.completion_token_ids, result.completion_logprobs

@@ -106,6 +106,30 @@ class BackgroundProxy:
         """The running mitmproxy master (to add listeners, e.g. for a container network)."""
         return self._holder["master"]
 
+    # -- weight updates, from any thread: the gateway lives on the proxy's own event loop --------
+
+    def pause_sampling(self) -> None:
+        self._on_loop(self.addon.gateway.pause)
+
+    def resume_sampling(self, policy_version: str | None = None) -> None:
+        self._on_loop(self.addon.gateway.resume, policy_version)
+
+    def drain(self, timeout: float = 60.0) -> bool:
+        """Wait until no model call is being sampled; False when `timeout` passed first."""
+        future = asyncio.run_coroutine_threadsafe(
+            asyncio.wait_for(self.addon.gateway.drain(), timeout), self.master.event_loop)
+        try:
+            future.result(timeout + 1)
+            return True
+        except (TimeoutError, asyncio.TimeoutError):
+            return False
+
+    def _on_loop(self, fn, *args) -> None:
+        async def call():
+            fn(*args)
+
+        asyncio.run_coroutine_threadsafe(call(), self.master.event_loop).result(10)
+
     def start(self, timeout: float = 30) -> str:
         import socket
 

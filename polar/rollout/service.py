@@ -57,12 +57,22 @@ class LocalNode:
 
     async def pause(self) -> None:
         self.node.pause()
+        if (gateway := self._gateway()) is not None:  # hold new model calls, not just new sessions
+            await asyncio.to_thread(gateway.pause_sampling)
 
     async def resume(self, policy_version: int | None) -> None:
+        if (gateway := self._gateway()) is not None:
+            await asyncio.to_thread(gateway.resume_sampling, None if policy_version is None else str(policy_version))
         self.node.resume(policy_version)
 
     async def in_flight_calls(self) -> int:
+        if (gateway := self._gateway()) is not None:
+            return gateway.addon.gateway.in_flight
         return await asyncio.to_thread(pending_calls, self.capture_db)
+
+    def _gateway(self):
+        env = getattr(getattr(self.node, "phases", None), "env", None)
+        return getattr(env, "gateway", None)
 
     async def events(self, timeout: float) -> list[tuple[str, Any]]:
         return await self.node.next_events(timeout)

@@ -45,6 +45,7 @@ class NodeEnv:
     pythons: dict[str, str] = field(default_factory=lambda: {"local": sys.executable})  # default: python3
     polar_urls: dict[str, str] = field(default_factory=dict)  # per runtime, where it differs from polar_url
     ca_cert: str | None = None  # polar's CA certificate, trusted inside sandboxes
+    gateway: Any = None  # the in-process proxy (BackgroundProxy): pause/resume/drain sampling
 
 
 def embedded_gateway(upstream: str, db: str, port: int, upstream_model: str = "", tokenizer: str = "",
@@ -65,7 +66,7 @@ def embedded_gateway(upstream: str, db: str, port: int, upstream_model: str = ""
     add_listeners([f"regular@{regular}"])
     ca_cert = str(ca_cert_path(proxy.config.confdir))
     env = NodeEnv(polar_url=proxy.url, capture_db=db, runtimes={"local": LocalRuntime(f"http://{regular}", ca_cert)},
-                  register_key=registry.register_key, ca_cert=ca_cert)
+                  register_key=registry.register_key, ca_cert=ca_cert, gateway=proxy)
     if docker:
         from polar.runtime.docker_runtime import DockerRuntime
 
