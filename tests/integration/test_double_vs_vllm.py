@@ -19,25 +19,10 @@ import re
 import httpx
 import pytest
 
-from tests.support.real_vllm import MAX_MODEL_LEN, SERVED_MODEL
+from tests.support.real_vllm import EOS, MAX_MODEL_LEN, SERVED_MODEL, TOOLS
 
 pytestmark = pytest.mark.vllm
 
-EOS = 248046  # <|im_end|>
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Read a file from the workspace.",
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}},
-                "required": ["path"],
-            },
-        },
-    }
-]
 # A conversation with history: reasoning, a tool call with JSON-text arguments, its result, non-ASCII text.
 CONVERSATION = [
     {"role": "system", "content": "You are a coding agent. Be brief."},

@@ -11,28 +11,13 @@ import json
 import httpx
 import pytest
 
-from tests.support.real_vllm import MAX_MODEL_LEN, SERVED_MODEL, tiny_model_dir
+from tests.support.real_vllm import EOS, MAX_MODEL_LEN, SERVED_MODEL, TOOLS, tiny_model_dir
 
 pytestmark = pytest.mark.vllm
 
-EOS = 248046  # <|im_end|>
 THINK, END_THINK = 248068, 248069
 
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Read a file from the workspace.",
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}},
-                "required": ["path"],
-            },
-        },
-    }
-]
 
 # A tool-using conversation; vLLM receives arguments as a JSON string, transformers as an object.
 CONVERSATION = [

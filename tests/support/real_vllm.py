@@ -142,3 +142,21 @@ def real_vllm_fixture(scope: str = "module", **server_kwargs):
             yield url
 
     return _vllm_url
+
+
+EOS = 248046  # <|im_end|>
+# The tool the integration tests offer vLLM and the double alike.
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file from the workspace.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["path"],
+            },
+        },
+    }
+]
