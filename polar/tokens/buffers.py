@@ -83,6 +83,8 @@ class SessionBuffers:
         turns = self._sessions.get(session)
         if not turns:
             return None, "first call of the session"
+        if not any(m.role == "assistant" for m in request.messages):
+            return None, "a new conversation in this session (no assistant turn in its history)"
         context = request_context_key(request)
         best: Turn | None = None
         reason = "no earlier turn's messages and answer are a prefix of this request"
