@@ -85,6 +85,8 @@ class GatewayNode:
         self._go = asyncio.Event()  # cleared while paused: no new session enters RUNNING
         self._go.set()
         self._cancelled: set[str] = set()
+        self._running_slots: dict[str, _Slot] = {}  # session id → its slot, while its harness runs
+        self._interrupts: set[asyncio.Task] = set()
         self._stages: dict[str, str] = {}
         self._events: list[tuple[str, Any]] = []  # ("stage", (session, stage)) | ("result", SessionResult)
         self._new_event = asyncio.Event()
@@ -119,7 +121,15 @@ class GatewayNode:
         self._queue.put_nowait(_Slot(spec))
 
     def cancel(self, session_ids: list[str]) -> None:
+        """Queued sessions never start; running ones have their harness ended now."""
         self._cancelled.update(session_ids)
+        interrupt = getattr(self.phases, "interrupt", None)
+        for session_id in session_ids:
+            slot = self._running_slots.get(session_id)
+            if slot is not None and interrupt is not None:
+                task = asyncio.get_running_loop().create_task(self._quietly(interrupt(slot.prepared)))
+                self._interrupts.add(task)
+                task.add_done_callback(self._interrupts.discard)
 
     def pause(self) -> None:
         self._go.clear()
@@ -221,6 +231,7 @@ class GatewayNode:
         slot.policy_version = self.policy_version
         timeout = slot.spec.task.timeout
         self.running += 1
+        self._running_slots[slot.spec.session_id] = slot
         t0 = time.monotonic()
         try:
             run = await asyncio.wait_for(self.phases.run(slot.prepared, timeout), timeout + self.config.kill_grace)
@@ -230,6 +241,7 @@ class GatewayNode:
             run = HarnessRun(error=f"{type(exc).__name__}: {exc}")
         finally:
             self.running -= 1
+            self._running_slots.pop(slot.spec.session_id, None)
             took = time.monotonic() - t0
             self.busy_seconds += took
         run.seconds = took

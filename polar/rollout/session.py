@@ -112,6 +112,10 @@ class SessionPhases:
     async def postrun(self, prepared: Prepared, run: HarnessRun, policy_version: int | None) -> SessionResult:
         return await self._in(self._post_pool, self._postrun, prepared, run, policy_version)
 
+    async def interrupt(self, prepared: Prepared) -> None:
+        """End a running harness now (its session was cancelled); POSTRUN still follows."""
+        await self._in(self._post_pool, prepared.sandbox.interrupt)
+
     async def discard(self, prepared: Prepared) -> None:
         await self._in(self._post_pool, self._teardown, prepared)
 

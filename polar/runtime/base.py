@@ -95,6 +95,10 @@ class Sandbox(ABC):
     def stop(self) -> None:
         """Stop and remove the sandbox; idempotent."""
 
+    def interrupt(self) -> None:
+        """End the commands running in the sandbox now (a cancelled session). Default: stop it."""
+        self.stop()
+
     def __enter__(self) -> Sandbox:
         return self
 

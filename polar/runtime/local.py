@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 from polar.runtime.base import Command, ExecResult, Runtime, Sandbox, SandboxSpec, ca_env, copy_path, shell_argv, slug
@@ -58,6 +59,9 @@ class LocalSandbox(Sandbox):
         self.root = root
         self.env = env
         self.address = None
+        self._running: set[subprocess.Popen] = set()  # commands in flight, for interrupt()
+        self._interrupted = False
+        self._lock = threading.Lock()
 
     def host_path(self, sandbox_path: str) -> Path:
         """Where a sandbox path lives on the host (always inside the sandbox's root)."""
@@ -69,14 +73,18 @@ class LocalSandbox(Sandbox):
     def exec(
         self, cmd: Command, env: dict[str, str] | None = None, timeout: float | None = None, workdir: str | None = None
     ) -> ExecResult:
-        proc = subprocess.Popen(
-            shell_argv(cmd),
-            cwd=self.host_path(workdir or self.spec.workdir),
-            env={**self.env, **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # its own process group: a timeout kills the whole tree
-        )
+        with self._lock:  # an interrupt either sees this process or stops it from starting
+            if self._interrupted:
+                return ExecResult(-9, "", "interrupted", timed_out=False)
+            proc = subprocess.Popen(
+                shell_argv(cmd),
+                cwd=self.host_path(workdir or self.spec.workdir),
+                env={**self.env, **(env or {})},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group: a timeout kills the whole tree
+            )
+            self._running.add(proc)
         try:
             out, err = proc.communicate(timeout=timeout)
             timed_out = False
@@ -84,6 +92,8 @@ class LocalSandbox(Sandbox):
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
             timed_out = True
+        finally:
+            self._running.discard(proc)
         return ExecResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"), timed_out)
 
     def copy_in(self, host_path: str | Path, container_path: str) -> None:
@@ -92,6 +102,16 @@ class LocalSandbox(Sandbox):
     def copy_out(self, container_path: str, host_path: str | Path) -> None:
         copy_path(self.host_path(container_path), Path(host_path))
 
+    def interrupt(self) -> None:
+        with self._lock:
+            self._interrupted = True
+            for proc in list(self._running):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
     def stop(self) -> None:
+        self.interrupt()
         shutil.rmtree(self.root, ignore_errors=True)
 

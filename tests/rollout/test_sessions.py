@@ -133,3 +133,39 @@ def test_a_cli_harness_is_refused_on_the_host(stack, node_env):
     task = TaskSpec(id="cli-on-host", instruction="x", harness=Named(name="claude_code"))
     (result,) = run_sessions(node_env, [task])
     assert result.outcome == "error" and "use a container runtime" in result.error
+
+
+def test_cancel_ends_a_running_harness(node_env):
+    """Cancelling a session whose harness is running ends the harness now, not at its deadline."""
+    import asyncio
+    import time
+
+    from polar.rollout.node import GatewayNode, NodeConfig
+    from polar.rollout.session import SessionPhases
+    from polar.rollout.tasks import Named, SessionSpec, TaskSpec
+
+    task = TaskSpec(id="long", instruction="x", runtime="local", timeout=120,
+                    harness=Named(name="shell", options={"script": "sleep 100"}), evaluator=Named(name="completed"))
+
+    async def main():
+        cfg = NodeConfig(running_slots=1)
+        node = GatewayNode(SessionPhases(node_env, cfg), cfg)
+        node.start()
+        (spec,) = SessionSpec.expand(task)
+        node.submit(spec)
+        try:
+            async with asyncio.timeout(60):
+                while not any(kind == "stage" and payload[1] == "running"
+                              for kind, payload in await node.next_events(0.2)):
+                    pass
+                started = time.monotonic()  # at once: the harness may not have started yet
+                node.cancel([spec.session_id])
+                while not (results := [p for kind, p in await node.next_events(0.5) if kind == "result"]):
+                    pass
+            return results[0], time.monotonic() - started
+        finally:
+            await node.stop()
+            node.phases.close()
+
+    result, seconds = asyncio.run(main())
+    assert result.outcome == "cancelled" and seconds < 15, (result, seconds)
