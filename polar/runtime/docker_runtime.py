@@ -27,8 +27,10 @@ TLS stack at it. The key never leaves polar's confdir.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import shutil
+import socket
 import subprocess
 import tarfile
 import tempfile
@@ -59,6 +61,8 @@ log = logging.getLogger("polar.runtime.docker")
 CA_IN_CONTAINER = "/usr/local/share/ca-certificates/polar-ca.crt"  # where runtimes/docker/ca puts it
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 LABEL = "dev.polar.session"
+OWNER = "dev.polar.owner"  # "<host>:<pid>" of the process whose runtime made the container / network
+_OWNER = f"{socket.gethostname()}:{os.getpid()}"
 _TIMEOUT_EXIT_CODES = (124, 137)  # coreutils `timeout`: TERM'd, then KILL'd
 _KILL_GRACE_S = 5
 # A resolv.conf that names a server on the container's own loopback, where nothing listens: every
@@ -99,6 +103,7 @@ class DockerRuntime(Runtime):
         self._gateway: str | None = None
         self._host_rules: list[list[str]] = []
         self._sandboxes: list[DockerSandbox] = []
+        reap_orphans(self.client)
         self._resolv = tempfile.NamedTemporaryFile("w", prefix="polar-resolv-", suffix=".conf", delete=False)
         self._resolv.write(_RESOLV_CONF)
         self._resolv.close()
@@ -119,7 +124,7 @@ class DockerRuntime(Runtime):
             internal=True,
             ipam=ipam,
             options={"com.docker.network.bridge.enable_icc": "false", "com.docker.network.bridge.name": self.bridge},
-            labels={"dev.polar": "1"},
+            labels={"dev.polar": "1", OWNER: _OWNER},
         )
         self._network.reload()
         self._gateway = self._network.attrs["IPAM"]["Config"][0]["Gateway"].split("/")[0]
@@ -164,7 +169,7 @@ class DockerRuntime(Runtime):
             extra_hosts={host: gateway for host in spec.intercept_hosts},
             network=self.network_name,
             volumes=volumes,
-            labels={LABEL: spec.session},
+            labels={LABEL: spec.session, OWNER: _OWNER},
             init=True,
             cap_drop=["NET_RAW"],
             security_opt=["no-new-privileges"],
@@ -200,6 +205,41 @@ class DockerRuntime(Runtime):
             self._gateway = None
         Path(self._resolv.name).unlink(missing_ok=True)
         self._exec_api.close()
+
+
+def reap_orphans(client: docker.DockerClient) -> int:
+    """Remove the containers and networks left by polar processes of this host that died (a killed
+    rollout server must not leave its sessions running). Returns how many were removed."""
+    host = socket.gethostname()
+
+    def dead(labels: dict) -> bool:
+        owner = (labels or {}).get(OWNER, "")
+        name, _, pid = owner.rpartition(":")
+        if name != host or not pid.isdigit():
+            return False
+        try:
+            os.kill(int(pid), 0)
+            return False
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+
+    removed = 0
+    for container in client.containers.list(all=True, filters={"label": OWNER}):
+        if dead(container.labels):
+            container.remove(force=True)
+            removed += 1
+    for network in client.networks.list(filters={"label": OWNER}):
+        if dead(network.attrs.get("Labels")):
+            try:
+                network.remove()
+                removed += 1
+            except docker.errors.APIError:  # still in use by a container of a live owner
+                pass
+    if removed:
+        log.warning("removed %d containers/networks left by polar processes that died", removed)
+    return removed
 
 
 class DockerSandbox(Sandbox):

@@ -179,3 +179,26 @@ def test_exec_timeout_and_copies(transparent, node_image, tmp_path):
     assert (tmp_path / "back" / "sub" / "a.txt").read_text() == "alpha"
     assert (tmp_path / "back" / "sub" / "b.txt").read_text() == "beta\n"
     assert workdir == "/work"
+
+
+def test_orphans_of_a_dead_polar_process_are_reaped(docker_client, node_image):
+    """A killed rollout server's containers and network go when the next runtime starts."""
+    import subprocess
+
+    from polar.runtime.docker_runtime import LABEL, OWNER, reap_orphans
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs
+    owner = f"{__import__('socket').gethostname()}:{gone.pid}"
+    network = docker_client.networks.create("polar-orphan-test", internal=True, labels={OWNER: owner})
+    container = docker_client.containers.create(node_image, ["sleep", "300"], network="polar-orphan-test",
+                                                labels={LABEL: "orphan", OWNER: owner})
+    live = docker_client.containers.create(node_image, ["sleep", "300"],
+                                           labels={LABEL: "alive", OWNER: f"{__import__('socket').gethostname()}:1"})
+    try:
+        assert reap_orphans(docker_client) >= 2
+        ids = {c.id for c in docker_client.containers.list(all=True)}
+        assert container.id not in ids and live.id in ids  # pid 1 lives: its container stays
+        assert not docker_client.networks.list(names=["polar-orphan-test"])
+    finally:
+        live.remove(force=True)
