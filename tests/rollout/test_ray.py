@@ -90,3 +90,43 @@ def test_real_sessions_on_a_gateway_node_actor(local_ray, double_server, tokeniz
     (db,) = tmp_path.glob("captures-gw-*.db")  # named after the actor
     captured = list(CaptureStore(db, readonly=True).calls(with_tokens=False))
     assert sorted(row["session_id"] for row in captured) == sorted(r.session_id for r in results)
+
+
+@pytest.mark.slow
+def test_cli_serves_with_ray_node_actors(tmp_path):
+    """`polar rollout serve --ray local`: the CLI path starts node actors and serves results."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from polar.proxy import free_port
+    from polar.rollout.client import RolloutClient
+    from polar.rollout.tasks import TaskSpec
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "polar.cli", "rollout", "serve", "--ray", "local", "--simulate", "0.01",
+         "--port", str(port), "--state", str(tmp_path / "rollout.db")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert server.poll() is None, server.stdout.read()
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.time() < deadline, "the rollout server did not start"
+                time.sleep(0.5)
+        client = RolloutClient(f"http://127.0.0.1:{port}")
+        client.submit([TaskSpec(id="ray-cli", instruction="x", samples=3, metadata={"sim": {"run": 1}})])
+        got = []
+        for _, result in client.results():
+            got.append(result)
+            if len(got) == 3:
+                break
+        assert {r.outcome for r in got} == {"ok"} and all(r.node for r in got)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
