@@ -269,3 +269,12 @@ def converse() -> Callable[..., list[Answer]]:
         return CONVERSE[provider](url, session, turns, stream, thinking)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def tap(vllm_url):
+    """A recording relay in front of the shared vLLM: what polar sent and what vLLM answered."""
+    from tests.support.tap import running_tap
+
+    with running_tap(vllm_url) as tap:
+        yield tap

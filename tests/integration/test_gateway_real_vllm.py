@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from tests.support.tap import Exchange, running_tap
+from tests.support.tap import Exchange
 
 pytestmark = pytest.mark.vllm
 
@@ -23,12 +23,6 @@ MODES = ["chat-template", "token-faithful"]
 MAX_TOKENS = 32
 EOS = 248046  # <|im_end|>
 QUESTION = "What does this repository do? Réponds en français — 简短 ✓"
-
-
-@pytest.fixture(scope="module")
-def tap(vllm_url):
-    with running_tap(vllm_url) as tap:
-        yield tap
 
 
 @pytest.fixture(scope="module")

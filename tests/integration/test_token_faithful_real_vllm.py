@@ -15,7 +15,6 @@ import uuid
 
 import pytest
 
-from tests.support.tap import running_tap
 
 pytestmark = pytest.mark.vllm
 
@@ -30,12 +29,6 @@ TURNS = [
     ("Continue.", ROOMY),
     ("Summarise our conversation in one line.", SMALL),
 ]
-
-
-@pytest.fixture(scope="module")
-def tap(vllm_url):
-    with running_tap(vllm_url) as tap:
-        yield tap
 
 
 @pytest.fixture(scope="module")
