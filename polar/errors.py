@@ -14,6 +14,7 @@ ErrorKind = Literal[
     "too_large",  # body over the configured limit
     "context_length",  # prompt + max tokens exceed the model's window
     "authentication",  # bad or missing credentials where they are required
+    "permission",  # the caller is known but may not do this (e.g. act as another session)
     "rate_limit",
     "upstream_unavailable",  # upstream refused the connection / is down
     "upstream_timeout",
@@ -25,6 +26,7 @@ ErrorKind = Literal[
 STATUS: dict[str, int] = {
     "invalid_request": 400,
     "authentication": 401,
+    "permission": 403,
     "not_found": 404,
     "too_large": 413,
     "context_length": 400,

@@ -171,6 +171,9 @@ class Gateway:
         fields: dict[str, Any] = {}
         request: ChatRequest | None = None
         try:
+            if ident.refused:
+                raise GatewayError("permission", f"this client belongs to session {ident.session!r} and may not "
+                                                 f"act as session {ident.refused!r}")
             if route is None:
                 raise GatewayError("not_found", f"polar does not serve {req.method} {ident.path}")
             request = self._parse(req, route)

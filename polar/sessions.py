@@ -6,6 +6,10 @@ Resolution order, most explicit first:
   3. the API key: a key registered for a session maps to it; any other key maps to a session
      named after its salted hash, so one harness with its own key stays one session;
   4. the client address (a container's IP in transparent mode), registered or not.
+
+A registered key or address *binds* its client to a session: a runtime registered it, so it is
+the truth. A harness that names another session by header or path is refused (`Identity.refused`),
+so one session can neither write into nor continue another's captures.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class Identity:
     path: str  # the request path with any session prefix removed
     key_hash: str | None  # salted hash of the client's key, for audit; never the key
     source: str  # header | path | key | address
+    refused: str | None = None  # a session the request named but its bound client may not act as
 
 
 class SessionRegistry:
@@ -55,21 +60,44 @@ class SessionRegistry:
         with self._lock:
             self._by_addr.pop(address, None)
 
+    def forget_key(self, key: str) -> None:
+        with self._lock:
+            self._by_key.pop(self.hash_key(key), None)
+
     def resolve(self, path: str, headers: dict[str, str], client_addr: str | None) -> Identity:
         key = client_key(headers)
         key_hash = self.hash_key(key) if key else None
-        if headers.get(SESSION_HEADER):
-            return Identity(_clean(headers[SESSION_HEADER]), path, key_hash, "header")
-        m = _PATH_PREFIX.match(path)
-        if m:
-            return Identity(m.group(1), m.group(2) or "/", key_hash, "path")
-        if key_hash and key_hash in self._by_key:
-            return Identity(self._by_key[key_hash], path, key_hash, "key")
-        if client_addr and client_addr in self._by_addr:
-            return Identity(self._by_addr[client_addr], path, key_hash, "address")
+        bound = self._bound(key_hash, client_addr)
+        claimed, path = _claim(path, headers)
+        if claimed:
+            if bound and bound[0] != claimed[0]:
+                return Identity(bound[0], path, key_hash, bound[1], refused=claimed[0])
+            return Identity(claimed[0], path, key_hash, claimed[1])
+        if bound:
+            return Identity(bound[0], path, key_hash, bound[1])
         if key_hash:
             return Identity(f"key-{key_hash[:16]}", path, key_hash, "key")
         return Identity(f"addr-{client_addr or 'unknown'}", path, key_hash, "address")
+
+
+    def _bound(self, key_hash: str | None, client_addr: str | None) -> tuple[str, str] | None:
+        """The session a runtime registered this client's key or address for, and which of the two."""
+        if key_hash and key_hash in self._by_key:
+            return self._by_key[key_hash], "key"
+        if client_addr and client_addr in self._by_addr:
+            return self._by_addr[client_addr], "address"
+        return None
+
+
+def _claim(path: str, headers: dict[str, str]) -> tuple[tuple[str, str] | None, str]:
+    """The session a request names itself (header, else path prefix), and the path without the prefix."""
+    m = _PATH_PREFIX.match(path)
+    stripped = (m.group(2) or "/") if m else path
+    if headers.get(SESSION_HEADER):
+        return (_clean(headers[SESSION_HEADER]), "header"), stripped
+    if m:
+        return (m.group(1), "path"), stripped
+    return None, stripped
 
 
 def client_key(headers: dict[str, str]) -> str | None:

@@ -53,6 +53,7 @@ _ERRORS: dict[str, tuple[str, int]] = {
     "invalid_request": ("invalid_request_error", 400),
     "context_length": ("invalid_request_error", 400),
     "authentication": ("authentication_error", 401),
+    "permission": ("permission_error", 403),
     "not_found": ("not_found_error", 404),
     "too_large": ("request_too_large", 413),
     "rate_limit": ("rate_limit_error", 429),

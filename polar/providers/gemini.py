@@ -65,6 +65,7 @@ _ERRORS: dict[str, tuple[int, str]] = {
     "context_length": (400, "INVALID_ARGUMENT"),
     "too_large": (400, "INVALID_ARGUMENT"),  # Google answers oversized payloads with 400, not 413
     "authentication": (401, "UNAUTHENTICATED"),
+    "permission": (403, "PERMISSION_DENIED"),
     "not_found": (404, "NOT_FOUND"),
     "rate_limit": (429, "RESOURCE_EXHAUSTED"),
     "upstream_error": (500, "INTERNAL"),

@@ -22,6 +22,7 @@ _ERROR_SHAPES: dict[str, tuple[str, str | None]] = {
     "too_large": ("invalid_request_error", None),
     "context_length": ("invalid_request_error", "context_length_exceeded"),
     "authentication": ("invalid_request_error", "invalid_api_key"),
+    "permission": ("invalid_request_error", "permission_denied"),
     "rate_limit": ("requests", "rate_limit_exceeded"),
     "upstream_unavailable": ("server_error", None),
     "upstream_timeout": ("server_error", "timeout"),

@@ -14,11 +14,10 @@ import asyncio
 import secrets
 import sys
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from polar.capture.store import CaptureStore
 from polar.harnesses import Harness, SessionContext, make_harness, write_files
@@ -34,6 +33,14 @@ WORKDIR = "/work"
 _GIT = ["git", "-c", "user.email=rollout@polar.invalid", "-c", "user.name=polar", "-c", "commit.gpgsign=false"]
 
 
+class SessionKeys(Protocol):
+    """Per-session API keys the gateway binds to their session (polar.sessions.SessionRegistry)."""
+
+    def register_key(self, key: str, session: str) -> None: ...
+
+    def forget_key(self, key: str) -> None: ...
+
+
 @dataclass
 class NodeEnv:
     """Where a node's sessions run and how they reach polar."""
@@ -41,7 +48,7 @@ class NodeEnv:
     polar_url: str  # polar's reverse-mode URL as seen from the sandboxes
     capture_db: str
     runtimes: dict[str, Runtime]
-    register_key: Callable[[str, str], None]  # the gateway's `SessionRegistry.register_key`
+    keys: SessionKeys  # the gateway's SessionRegistry: binds each session's API key to it
     pythons: dict[str, str] = field(default_factory=lambda: {"local": sys.executable})  # default: python3
     polar_urls: dict[str, str] = field(default_factory=dict)  # per runtime, where it differs from polar_url
     ca_cert: str | None = None  # polar's CA certificate, trusted inside sandboxes
@@ -66,7 +73,7 @@ def embedded_gateway(upstream: str, db: str, port: int, upstream_model: str = ""
     add_listeners([f"regular@{regular}"])
     ca_cert = str(ca_cert_path(proxy.config.confdir))
     env = NodeEnv(polar_url=proxy.url, capture_db=db, runtimes={"local": LocalRuntime(f"http://{regular}", ca_cert)},
-                  register_key=registry.register_key, ca_cert=ca_cert, gateway=proxy)
+                  keys=registry, ca_cert=ca_cert, gateway=proxy)
     if docker:
         from polar.runtime.docker_runtime import DockerRuntime
 
@@ -149,7 +156,7 @@ class SessionPhases:
             write_files(sandbox, harness.files())
             for target, source in harness.host_files(ctx).items():
                 sandbox.copy_in(source, target)
-            self.env.register_key(ctx.api_key, spec.capture_id)
+            self.env.keys.register_key(ctx.api_key, spec.capture_id)
             prepared.eval_prepared = evaluator.prepare(spec.task, runtime, ctx)
         except Exception:
             self._teardown(prepared)
@@ -243,6 +250,7 @@ class SessionPhases:
             main.step_rewards = evaluation.step_rewards
 
     def _teardown(self, prepared: Prepared) -> None:
+        self.env.keys.forget_key(prepared.ctx.api_key)  # the key dies with its session
         try:
             prepared.evaluator.cleanup(prepared.eval_prepared)
         finally:

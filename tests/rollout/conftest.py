@@ -20,7 +20,7 @@ TASKS = Path(__file__).resolve().parents[2] / "data" / "tasks"
 def node_env(stack, tmp_path) -> NodeEnv:
     runtime = LocalRuntime(stack.url, ca_cert_path(stack.proxy.config.confdir), root=tmp_path)
     return NodeEnv(polar_url=stack.url, capture_db=str(stack.db), runtimes={"local": runtime},
-                   register_key=stack.proxy.addon.gateway.registry.register_key)
+                   keys=stack.proxy.addon.gateway.registry)
 
 
 def run_sessions(env: NodeEnv, tasks: list[TaskSpec], timeout: float = 90, **config) -> list[SessionResult]:

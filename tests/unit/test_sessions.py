@@ -7,14 +7,30 @@ def test_resolution_order():
     reg = SessionRegistry(salt=b"x")
     reg.register_key("sk-session-7", "s7")
     reg.register_address("10.1.2.3", "container-3")
-    h = {"x-api-key": "sk-session-7"}
-    assert reg.resolve("/v1/messages", {**h, "x-polar-session": "explicit"}, "10.1.2.3").session == "explicit"
-    ident = reg.resolve("/s/run-42/v1/messages", h, "10.1.2.3")
+    # Unbound clients name their session: header first, then the /s/<id>/ path prefix.
+    assert reg.resolve("/s/run-42/v1/messages", {"x-polar-session": "explicit"}, None).session == "explicit"
+    ident = reg.resolve("/s/run-42/v1/messages", {}, "10.9.9.9")
     assert (ident.session, ident.path, ident.source) == ("run-42", "/v1/messages", "path")
+    # Bound clients: a registered key, then a registered address.
+    h = {"x-api-key": "sk-session-7"}
     assert reg.resolve("/v1/messages", h, "10.1.2.3").session == "s7"
     assert reg.resolve("/v1/messages", {}, "10.1.2.3").session == "container-3"
     anon = reg.resolve("/v1/messages", {"authorization": "Bearer other"}, None)
     assert anon.session.startswith("key-") and "other" not in anon.session
+
+
+def test_bound_clients_cannot_name_another_session():
+    reg = SessionRegistry(salt=b"x")
+    reg.register_key("k1", "one")
+    reg.register_address("10.0.0.7", "seven")
+    by_key = reg.resolve("/v1/messages", {"x-polar-session": "other", "x-api-key": "k1"}, None)
+    assert (by_key.session, by_key.refused, by_key.source) == ("one", "other", "key")
+    by_addr = reg.resolve("/s/other/v1/messages", {}, "10.0.0.7")
+    assert (by_addr.session, by_addr.refused, by_addr.path) == ("seven", "other", "/v1/messages")
+    same = reg.resolve("/s/seven/v1/messages", {}, "10.0.0.7")  # naming its own session is fine
+    assert (same.session, same.refused, same.source) == ("seven", None, "path")
+    reg.forget_key("k1")  # a session's key dies with it
+    assert reg.resolve("/v1/messages", {"x-api-key": "k1"}, None).session.startswith("key-")
 
 
 def test_secrets_are_hashed_and_redacted():
