@@ -122,3 +122,72 @@ def _reset_double(request):
         double, url = request.getfixturevalue("double_server")
         httpx.post(f"{url}/_double/script", json={"rules": []}).raise_for_status()
         httpx.post(f"{url}/_double/fault", json={"count": 0}).raise_for_status()
+
+
+@pytest.fixture(scope="session")
+def docker_ready():
+    """A Docker engine answers (POLAR_REQUIRE_DOCKER=1 turns its absence into a failure)."""
+    from polar.runtime.base import RuntimeUnavailable
+    from polar.runtime.docker_runtime import connect
+
+    try:
+        connect().close()
+    except RuntimeUnavailable as err:
+        if os.environ.get("POLAR_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"POLAR_REQUIRE_DOCKER=1 but {err}")
+        pytest.skip(str(err))
+
+
+@dataclass
+class MainJobRun:
+    """One run of the README's main job (`polar demo`): its workdir holds rollout.db and captures.db."""
+
+    workdir: Path
+    harness: str
+    samples: int
+    output: str
+
+    @property
+    def state(self) -> Path:
+        return self.workdir / "rollout.db"
+
+    @property
+    def captures(self) -> Path:
+        return self.workdir / "captures.db"
+
+
+@pytest.fixture(scope="session")
+def main_job(docker_ready, tokenizer_dir, tmp_path_factory) -> MainJobRun:
+    """The main job, run once per test session: Claude Code in Docker on the shipped tasks.
+
+    It runs in a child process: it starts its own polar proxy, and mitmproxy allows one per process
+    (this test process may already hold the shared `stack` one)."""
+    workdir = tmp_path_factory.mktemp("main-job")
+    harness, samples = "claude_code", 2  # the default of `polar demo`, and the fastest CLI to start
+    argv = [sys.executable, "-m", "polar.demo", "--harness", harness, "--samples", str(samples),
+            "--workdir", str(workdir), "--tokenizer", str(tokenizer_dir)]
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "COLUMNS": "160"})
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    return MainJobRun(workdir, harness, samples, output)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium (scripts/setup_browser.sh), headless, driven by Playwright: no browser download.
+    POLAR_REQUIRE_BROWSER=1 turns its absence into a failure."""
+    import shutil
+
+    executable = os.environ.get("POLAR_CHROMIUM") or shutil.which("chromium")
+    if not executable:
+        if os.environ.get("POLAR_REQUIRE_BROWSER") == "1":
+            pytest.fail("POLAR_REQUIRE_BROWSER=1 but no chromium on PATH (scripts/setup_browser.sh)")
+        pytest.skip("no chromium on PATH (scripts/setup_browser.sh)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        # --no-sandbox: the tests run as root, where Chromium's sandbox refuses to start.
+        chromium = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
