@@ -88,3 +88,22 @@ def test_prefix_index_bounds_sessions():
     for s in ("a", "b", "c"):
         index.remember(s, 1, [1], [2])
     assert not index.knows("a") and index.knows("c")
+
+
+def test_wal_is_presized_so_commits_overwrite_instead_of_growing_it(tmp_path):
+    """Appending commits pay a metadata flush in their fsync; a presized WAL is overwritten in place."""
+    store = CaptureStore(tmp_path / "c.db")
+    wal = tmp_path / "c.db-wal"
+    conn = sqlite3.connect(tmp_path / "c.db")
+    page, pages = (conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_size", "wal_autocheckpoint"))
+    size = wal.stat().st_size
+    assert size >= page * pages
+    for i in range(300):
+        _call(store, "s1", list(range(50 + i)), [7, 8, 9])
+    assert wal.stat().st_size == size
+    assert conn.execute("SELECT count(*) FROM calls").fetchone()[0] == 300
+    assert "_polar_wal_presize" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    conn.close()
+    store.close()
+    CaptureStore(tmp_path / "c.db").close()  # reopening an existing store works and keeps its rows
+    assert sqlite3.connect(tmp_path / "c.db").execute("SELECT count(*) FROM calls").fetchone()[0] == 300
