@@ -3,7 +3,7 @@
 Configured entirely through mitmproxy options (`--set polar_upstream=…`), so `mitmdump -s
 addons/polar_gateway.py`, `mitmweb -s …` and `polar proxy` run the very same code. Flows carry
 the session, provider and token counts (`flow.metadata["polar"]`, the flow comment) so mitmweb
-shows them.
+shows them; its "polar" contentview (polar/contentview.py) shows a call's capture in full.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from mitmproxy import ctx, http
+from mitmproxy import contentviews, ctx, http
 
 from polar.capture.store import CaptureStore
+from polar.contentview import PolarContentview
 from polar.gateway import Gateway, GatewayRequest
 from polar.sessions import SessionRegistry
 from polar.upstream.vllm_chat import VLLMChat
@@ -43,6 +44,7 @@ class PolarAddon:
         self._retired: list = []
 
     def load(self, loader) -> None:
+        contentviews.add(PolarContentview(lambda: self.gateway))  # the "polar" view of each call in mitmweb
         loader.add_option("polar_upstream", str, "http://127.0.0.1:8000", "Base URL of the vLLM server.")
         loader.add_option("polar_upstream_model", str, "", "Served model name at the upstream ('' = ask its /v1/models).")
         loader.add_option("polar_upstream_key", str, "", "API key polar sends to the upstream (never the client's).")

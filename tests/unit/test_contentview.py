@@ -1,0 +1,158 @@
+"""The "polar" contentview's text: what mitmweb shows for a captured call.
+
+Rendered through mitmproxy's own `prettify_message`, the function mitmweb's content endpoint calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import uuid
+
+import openai
+import pytest
+from mitmproxy import contentviews
+from mitmproxy.test import taddons, tflow
+
+from polar.capture.store import CaptureStore
+from polar.contentview import LOW_MARK, PolarContentview
+
+
+class _Gateway:
+    """What the view reads from the addon's gateway: its store, and a backend with or without a tokenizer."""
+
+    def __init__(self, store: CaptureStore, backend: object = None):
+        self.store, self.backend = store, backend
+
+
+def _registry(view: PolarContentview) -> contentviews.ContentviewRegistry:
+    registry = contentviews.ContentviewRegistry()
+    registry.register(contentviews.raw)
+    registry.register(view)
+    return registry
+
+
+def _flow(meta: dict | None):
+    flow = tflow.tflow(resp=True)
+    if meta is not None:
+        flow.metadata["polar"] = meta
+    return flow
+
+
+def _show(view: PolarContentview, flow) -> contentviews.ContentviewResult:
+    with taddons.context():
+        return contentviews.prettify_message(flow.response, flow, view_name="polar", registry=_registry(view))
+
+
+def _capture(store: CaptureStore, session: str, prompt: list[int], completion: list[int], logprobs: list[float],
+             result: dict) -> int:
+    row_id = store.allocate_id()
+    store.begin({"id": row_id, "call_id": f"call-{row_id}", "session_id": session, "provider": "openai_chat",
+                 "endpoint": "generate", "status": "pending"})
+    fields = store.tokens_fields(session, row_id, prompt, completion, logprobs)
+    canonical = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    asyncio.run(store.finish(row_id, {"status": "ok", "result": json.dumps(result), "canonical": canonical,
+                                      "finish_reason": result["finish_reason"], **fields}))
+    return row_id
+
+
+def test_ids_only_marks_and_sorts_low_probability_tokens(tmp_path):
+    """Chat-template mode (no tokenizer): the store's ids and logprobs, low ones marked and listed first."""
+    store = CaptureStore(tmp_path / "c.db")
+    result = {"id": "x", "model": "tiny", "created": 0, "content": "Hello", "finish_reason": "stop",
+              "usage": {"prompt_tokens": 3, "completion_tokens": 3}, "prompt_mode": "chat-template"}
+    first = _capture(store, "s-ids", [1, 2, 3], [10, 11, 12], [-0.5, -3.0, -0.25], result)
+    second = _capture(store, "s-ids", [1, 2, 3, 10, 11, 12, 4], [13, 14], [-0.125, -2.5], result)
+    view = PolarContentview(lambda: _Gateway(store), low_prob=0.1)
+
+    shown = _show(view, _flow({"row": second, "call_id": f"call-{second}", "session": "s-ids"}))
+    assert shown.view_name == "polar"
+    lines = shown.text.splitlines()
+    assert lines[0].split() == ["session", "s-ids", "(2", "calls,", "1", "trajectory)"]
+    assert f"trajectory  s-ids#{first} · prefix-merge · turn 2 of 2" in lines
+    assert "            this call: [6, 7) new prompt, [7, 9) sampled" in lines
+    assert "count       2, mean logprob -1.312" in lines
+    assert f"low         1 below p 0.1 (logprob < -2.30), marked {LOW_MARK}" in lines
+    assert "text        ids only (no tokenizer: chat-template mode)" in lines
+    lowest = lines.index("lowest probability first (2 of 2)")
+    in_order = lines.index("in order")
+    assert [line.split() for line in lines[lowest + 2 : lowest + 4]] == [
+        ["▶", "low", "1", "14", "-2.500", "0.082"], ["0", "13", "-0.125", "0.882"]]
+    assert [line.split() for line in lines[in_order + 2 : in_order + 4]] == [
+        ["0", "13", "-0.125", "0.882"], ["▶", "low", "1", "14", "-2.500", "0.082"]]
+    assert '"text": "hi"' in shown.text.split("── canonical request")[1]
+    store.close()
+
+
+def test_tool_call_through_the_gateway_decodes_the_captured_tokens(stack):
+    """Token-faithful mode: a tool-calling answer, its tokens decoded with the served model's tokenizer."""
+    session = f"cv-tools-{uuid.uuid4().hex[:6]}"
+    stack.script(steps=[{"reasoning": "Look at the file first.",
+                         "tool_calls": [{"name": "read_file", "arguments": {"path": "src/app.py"}}]}])
+    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="k", default_headers={"x-polar-session": session})
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+    answer = client.chat.completions.create(model="tiny", tools=tools,
+                                            messages=[{"role": "user", "content": "What is in src/app.py?"}])
+    (call,) = answer.choices[0].message.tool_calls
+    row = stack.rows(session)[0]
+    gateway = stack.proxy.addon.gateway
+    view = PolarContentview(lambda: gateway)
+
+    text = _show(view, _flow({"row": row["id"], "call_id": row["call_id"], "session": session})).text
+    lines = text.splitlines()
+    assert f"session     {session}  (1 call, 1 trajectory)" in lines
+    assert f"trajectory  {session}#{row['id']} · prefix-merge · turn 1 of 1" in lines
+    assert "finish      tool_calls" in lines
+    assert f"tool call   read_file  ({call.id})" in lines
+    assert "reasoning" in lines and "            Look at the file first." in lines
+    assert "text        decoded with the served model's tokenizer" in lines
+    # Every sampled token, in order, with the id and logprob the store holds and the tokenizer's text.
+    tokenizer = gateway.backend.template.tokenizer
+    table = lines[lines.index("in order") + 2 :][: len(row["completion_ids"])]
+    for pos, (line, token_id, logprob) in enumerate(zip(table, row["completion_ids"], row["completion_logprobs"])):
+        piece = json.dumps(tokenizer.decode([token_id], skip_special_tokens=False), ensure_ascii=False)
+        assert line.startswith(LOW_MARK if logprob < math.log(0.1) else " " * len(LOW_MARK)), line
+        assert f"{pos:>5}  {token_id:>7}  {piece[:20]}" in line and f"{logprob:.3f}" in line, line
+    assert any('"<tool_call>"' in line for line in table)
+    low = sum(lp < math.log(0.1) for lp in row["completion_logprobs"])
+    assert sum(line.startswith(LOW_MARK) for line in table) == low > 0
+    assert '"name": "read_file"' in text.split("── canonical request")[1]
+
+
+def test_other_flows_are_refused_with_a_reason(tmp_path):
+    store = CaptureStore(tmp_path / "c.db")
+    result = {"id": "x", "model": "tiny", "created": 0, "finish_reason": "stop"}
+    row = _capture(store, "s", [1], [2], [-0.1], result)
+    view = PolarContentview(lambda: _Gateway(store))
+    with taddons.context():
+        plain = _flow(None)
+        side_call = _flow({"session": "s", "kind": "side-call"})
+        ours = _flow({"row": row, "call_id": f"call-{row}"})
+        # Never picked by "auto" (raw is 0.1), offered only for polar's model calls.
+        assert view.render_priority(b"", contentviews.Metadata(flow=plain)) < 0
+        assert view.render_priority(b"", contentviews.Metadata(flow=side_call)) < 0
+        assert 0 <= view.render_priority(b"", contentviews.Metadata(flow=ours)) < contentviews.raw.render_priority(b"", None)
+    assert "not a model call answered by polar" in _show(view, plain).text
+    other_db = _show(view, _flow({"row": row, "call_id": "from-another-db"})).text
+    assert f"holds call call-{row}, not this flow's from-another-db" in other_db
+    assert f"capture row 99 is not in {store.path}" in _show(view, _flow({"row": 99, "call_id": "c"})).text
+    assert "not configured" in _show(PolarContentview(lambda: None), ours).text
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        PolarContentview(lambda: None, low_prob=0)
+    store.close()
+
+
+def test_failed_call_shows_the_error_and_no_trajectory(tmp_path):
+    store = CaptureStore(tmp_path / "c.db")
+    row_id = store.allocate_id()
+    store.begin({"id": row_id, "call_id": "bad", "session_id": "s", "provider": "anthropic",
+                 "endpoint": "messages", "status": "pending"})
+    asyncio.run(store.finish(row_id, {"status": "error", "error_kind": "upstream", "error": "vLLM answered 500"}))
+    text = _show(PolarContentview(lambda: _Gateway(store)), _flow({"row": row_id, "call_id": "bad"})).text
+    lines = text.splitlines()
+    assert "status      error: upstream: vLLM answered 500" in lines
+    assert "trajectory  none: this call sampled no tokens" in lines
+    assert "none: the call produced no result" in lines
+    store.close()
