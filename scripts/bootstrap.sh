@@ -7,21 +7,10 @@ export POLAR_CACHE="${POLAR_CACHE:-$HOME/.cache/polar}"
 VENV="${POLAR_VENV:-$REPO/.venv}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-find_python() {
-  local cand
-  for cand in "${POLAR_PYTHON:-}" python3.14 python3.13 python3.12 \
-              "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python /usr/local/bin/python3 /usr/bin/python3 python3; do
-    [ -n "$cand" ] || continue
-    command -v "$cand" >/dev/null 2>&1 || [ -x "$cand" ] || continue
-    if "$cand" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null; then
-      command -v "$cand" 2>/dev/null || echo "$cand"; return 0
-    fi
-  done
-  return 1
-}
+source "$REPO/scripts/find_python.sh"
 
 if [ ! -x "$VENV/bin/python" ]; then
-  PY="$(find_python)" || { echo "polar needs Python >= 3.12 (mitmproxy 12); none found on PATH or under ~/.pyenv. Set POLAR_PYTHON." >&2; exit 1; }
+  PY="$(find_python 3.12)" || { echo "polar needs Python >= 3.12 (mitmproxy 12); none found on PATH or under ~/.pyenv. Set POLAR_PYTHON." >&2; exit 1; }
   echo "bootstrap: creating $VENV with $PY"
   "$PY" -m venv "$VENV"
 fi
