@@ -8,6 +8,7 @@ from the same content blocks as the non-streamed answer, so both shapes always a
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -160,13 +161,29 @@ class AnthropicMessages(Provider):
 # parse
 
 
+# Claude Code opens its system prompt with an attribution line for Anthropic's billing
+# ("x-anthropic-billing-header: cc_version=…; cc_prev_req=req_…; cch=…;"), which Anthropic's API
+# takes out of the prompt. Its values change on every request: left in, every turn of a session
+# would start with a different prefix, so no turn could continue the previous one's tokens.
+_BILLING_LINE = re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n|$)", re.MULTILINE)
+
+
 def _parse_system(system: Any) -> list[Message]:
     if system is None or system == "":
         return []
     if not isinstance(system, (str, list)):
         raise invalid("field 'system' must be a string or an array of text blocks", "system")
-    parts = _text_parts(_blocks(system, "system"))
+    parts = [_without_billing_line(p) for p in _text_parts(_blocks(system, "system"))]
+    parts = [p for p in parts if p is not None]
     return [Message(role="system", content=parts)] if parts else []
+
+
+def _without_billing_line(part: TextPart) -> TextPart | None:
+    """The part without Claude Code's billing line; None when that line was all it held."""
+    text = _BILLING_LINE.sub("", part.text)
+    if text == part.text:
+        return part
+    return part.model_copy(update={"text": text}) if text.strip() else None
 
 
 def _parse_messages(raw: list) -> list[Message]:

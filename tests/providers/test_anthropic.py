@@ -820,3 +820,28 @@ def test_fuzz_any_json(body: Any) -> None:
 @given(st.sampled_from(_paths(RICH)), JSON)
 def test_fuzz_one_field_replaced(path: tuple, new: Any) -> None:
     _parse_cleanly(_replace(RICH, path, new))
+
+
+BILLING = "x-anthropic-billing-header: cc_version=2.1.330.d9e; cc_entrypoint=sdk-cli; cc_prev_req=req_{}; cch=0a1b2;"
+
+
+@pytest.mark.parametrize("shape", ["own block", "first line of a block", "string"])
+def test_claude_codes_billing_line_is_not_part_of_the_prompt(shape: str) -> None:
+    """Its values change per request; kept, no turn of a Claude Code session could continue the last."""
+    prompt = "You are Claude Code.\nBe brief."
+
+    def system(request_no: int) -> Any:
+        line = BILLING.format(request_no)
+        if shape == "own block":
+            return [{"type": "text", "text": line}, {"type": "text", "text": prompt}]
+        if shape == "first line of a block":
+            return [{"type": "text", "text": f"{line}\n{prompt}"}]
+        return f"{line}\n{prompt}"
+
+    first, second = (PROVIDER.parse(Route(PROVIDER, "generate"), _with(system=system(n))) for n in (1, 2))
+    assert first.messages == second.messages
+    assert first.messages[0].role == "system"
+    assert [p.text for p in first.messages[0].content] == [prompt]
+    # Elsewhere the same words are the user's own text, kept as sent.
+    kept = PROVIDER.parse(Route(PROVIDER, "generate"), _user({"type": "text", "text": BILLING.format(3)}))
+    assert kept.messages[0].content[0].text == BILLING.format(3)
