@@ -37,6 +37,7 @@ from polar.trajectories.builders import prefix_merge
 TASKS = Path(__file__).resolve().parents[1] / "data" / "tasks" / "tasks.jsonl"
 WORKDIR = "/work"  # where sessions find the repository (polar.rollout.session.WORKDIR)
 REASONING = "The failing behaviour comes from one line; a single edit fixes it."
+DONE_REASONING = "The edit is in place; nothing else to change."
 
 
 @dataclass
@@ -52,12 +53,15 @@ class MainJob:
 
 def scripted_rule(task: TaskSpec, harness: Harness) -> dict[str, Any]:
     """The double's rule for one task: (read the file if the harness insists,) run the fix with the
-    harness's shell tool, then say it is done. Reasoning on tool turns travels back in the history."""
+    harness's shell tool, then say it is done. Reasoning on tool turns travels back in the history.
+    Every turn reasons: after the generation prompt's `<think>` line an empty reasoning samples a
+    lone newline token, which a whole-conversation rendering merges with the prompt's newline into
+    one token, so that turn's chat row could not re-render to its captured tokens (docs/datasets.md)."""
     scripted = task.metadata["scripted"]
     read = harness.read_tool(f"{WORKDIR}/{scripted['file']}")
     calls = ([read] if read else []) + [harness.shell_tool(scripted["fix"])]
     steps = [{"reasoning": REASONING, "content": "", "tool_calls": [call]} for call in calls]
-    return {"match": scripted["marker"], "steps": [*steps, {"content": "Fixed."}]}
+    return {"match": scripted["marker"], "steps": [*steps, {"reasoning": DONE_REASONING, "content": "Fixed."}]}
 
 
 def demo_tasks(path: Path, harness: str, runtime: str, samples: int) -> list[TaskSpec]:
@@ -94,8 +98,9 @@ def run_main_job(workdir: Path, tokenizer_dir: Path, harness: str = "claude_code
         upstream.stop()
     job = MainJob(results, _calls(captures, results), state, captures, time.monotonic() - started)
     console.print(summary_table(job))
-    console.print(f"{len(results)} sessions in {job.seconds:.0f}s; scored trajectories in {state} "
-                  f"(`polar rollout export --state {state} --out traj.jsonl`), captures in {captures}")
+    console.print(f"{len(results)} sessions in {job.seconds:.0f}s; scored trajectories in {state}, captures in "
+                  f"{captures}.\nNext: `polar export --state {state} --captures {captures} --out dataset/` (SFT and "
+                  f"RL rows), `polar report --state {state} --db {captures} --out report.html`")
     return job
 
 

@@ -1,0 +1,72 @@
+"""Token-format rows: exactly the ids the policy saw and sampled, ready for a trainer's collator.
+
+One row per trajectory. `input_ids` is the trajectory's token sequence as captured (prompt ids and
+sampled ids of every turn, never re-tokenised); `labels` repeats it with -100 wherever nothing is
+trained (the convention of Hugging Face's loss functions); `loss_mask` is 1 on sampled tokens;
+`logprobs` holds the sampling logprob there and 0.0 elsewhere. All four have the same length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from polar.datasets.select import IDENTITY_COLUMNS, Candidate
+
+IGNORE_INDEX = -100  # labels value for positions the loss skips
+
+_TURN = pa.struct([
+    ("call_id", pa.string()),
+    ("prompt_start", pa.int32()),
+    ("completion_start", pa.int32()),
+    ("completion_end", pa.int32()),
+    ("finish_reason", pa.string()),
+    ("policy_version", pa.string()),
+])
+SCHEMA = pa.schema([
+    *IDENTITY_COLUMNS,
+    ("policy_version", pa.string()),  # what served every turn (null when the turns differ: see `turns`)
+    ("trainer_policy_version", pa.int64()),  # the trainer's version when the session started
+    ("input_ids", pa.list_(pa.int32())),
+    ("labels", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.int8())),
+    ("logprobs", pa.list_(pa.float32())),
+    ("num_tokens", pa.int32()),
+    ("num_trainable", pa.int32()),
+    ("num_turns", pa.int32()),
+    ("turns", pa.list_(_TURN)),
+    ("truncated", pa.bool_()),
+    ("broken_prefix", pa.bool_()),
+    ("parent_trajectory_id", pa.string()),  # forks: the trajectory whose first tokens this one repeats (masked)
+])
+
+
+def token_row(c: Candidate) -> dict[str, Any]:
+    t, r = c.trajectory, c.result
+    return {
+        **c.identity(),
+        "policy_version": t.policy_version,
+        "trainer_policy_version": r.policy_version,
+        "input_ids": list(t.token_ids),
+        "labels": [tok if m else IGNORE_INDEX for tok, m in zip(t.token_ids, t.loss_mask)],
+        "loss_mask": list(t.loss_mask),
+        "logprobs": list(t.logprobs),
+        "num_tokens": len(t.token_ids),
+        "num_trainable": t.trainable_tokens,
+        "num_turns": len(t.turns),
+        "turns": [{"call_id": u.call_id, "prompt_start": u.prompt_start, "completion_start": u.completion_start,
+                   "completion_end": u.completion_end, "finish_reason": u.finish_reason,
+                   "policy_version": u.policy_version} for u in t.turns],
+        "truncated": t.truncated,
+        "broken_prefix": t.broken_prefix,
+        "parent_trajectory_id": t.lineage.parent_id if t.lineage else None,
+    }
+
+
+def features():
+    """The token rows' `datasets.Features` (for `load_dataset("json", ..., features=features())`:
+    JSON carries no types, so a column null in every row of a file would otherwise load as null)."""
+    from datasets import Features
+
+    return Features.from_arrow_schema(SCHEMA)

@@ -1,0 +1,115 @@
+"""`polar export` on a hand-built rollout state: files, statistics, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+
+from polar.cli import main
+from polar.datasets import tokens
+from polar.rollout.state import RolloutState
+from polar.rollout.tasks import TaskSpec
+from tests.datasets.crafted import result
+
+
+def rollout_state(path, rewards: dict[str, list[float]]):
+    """A rollout state whose tasks' sessions finished with these rewards."""
+    state = RolloutState(path)
+    try:
+        for task_id, values in rewards.items():
+            specs = state.add_task(TaskSpec(id=task_id, instruction="x", samples=len(values)))
+            for spec, reward in zip(specs, values):
+                r = result(task_id, spec.sample, reward)
+                state.put_result(r.model_copy(update={"session_id": spec.session_id}))
+    finally:
+        state.close()
+    return path
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["export", *map(str, args)], catch_exceptions=False)
+
+
+def test_token_rows_splits_and_statistics_without_captures(tmp_path):
+    state = rollout_state(tmp_path / "rollout.db", {"a": [1.0, 0.0], "b": [1.0, 1.0], "c": [0.5]})
+    out = tmp_path / "out"
+    done = run("--state", state, "--out", out, "--min-reward", 1.0, "--val-fraction", 0.3, "--quiet", "--rl")
+    assert done.exit_code == 0, done.output
+    assert "3/5 trajectories accepted from 5 sessions" in done.output
+    assert "2 reward below threshold" in done.output and "export: by task" in done.output
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["total"]["accepted"] == 3 and stats["rejected"] == {"reward below threshold": 2}
+    assert stats["by_harness"] == {"python-agent": {"attempted": 5, "accepted": 3, "tokens": 15, "trainable_tokens": 6,
+                                                    "turns": 3, "mean_reward": 1.0}}
+    assert "chat" not in stats and not (out / "chat").exists()  # chat rows need --captures
+    assert stats["rl"] == {"groups": 3, "rows": 5, "groups_with_signal": 1, "dropped_sessions": {}}
+
+    from datasets import load_dataset
+
+    splits = {s: load_dataset("parquet", data_files=str(out / "tokens" / f"{s}.parquet"), split="train",
+                              cache_dir=str(tmp_path / "hf"))
+              for s in ("train", "validation")}
+    as_json = load_dataset("json", data_files=str(out / "tokens" / "train.jsonl"), split="train",
+                           features=tokens.features(), cache_dir=str(tmp_path / "hf"))
+    assert as_json.to_list() == splits["train"].to_list()
+    tasks = {s: {row["task"] for row in ds} for s, ds in splits.items()}
+    assert tasks["train"] and tasks["validation"] and not tasks["train"] & tasks["validation"]
+    for row in splits["train"]:
+        assert row["labels"] == [t if m else -100 for t, m in zip(row["input_ids"], row["loss_mask"])]
+        assert row["harness"] == "python-agent" and row["reward"] == 1.0
+
+    # a second export into the same directory leaves nothing of the first behind
+    done = run("--state", state, "--out", out, "--val-fraction", 0, "--format", "jsonl", "--quiet")
+    assert done.exit_code == 0, done.output
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.*")) == ["stats.json", "tokens/train.jsonl"]
+
+
+def test_bad_input_is_a_clear_error(tmp_path):
+    state = rollout_state(tmp_path / "rollout.db", {"a": [1.0]})
+    out = tmp_path / "out"
+
+    missing = run("--state", tmp_path / "nope.db", "--out", out)
+    assert missing.exit_code == 1 and "no rollout state (rollout.db) at" in missing.output
+    assert not (tmp_path / "nope.db").exists()  # nothing created on the way
+
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database at all" * 100)
+    bad = run("--state", garbage, "--out", out)
+    assert bad.exit_code == 1 and "is not an SQLite database" in bad.output
+
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE calls (id INTEGER)").connection.commit()
+    wrong = run("--state", other, "--out", out)
+    assert wrong.exit_code == 1 and "is not a rollout state (rollout.db): it has no tasks, sessions, results tables" \
+        in wrong.output
+    swapped = run("--state", state, "--captures", state, "--out", out)
+    assert swapped.exit_code == 1 and "is not a capture database (captures.db): it has no calls, messages tables" \
+        in swapped.output
+
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert "is a file" in run("--state", state, "--out", a_file).output  # click says so
+    fmt = run("--state", state, "--out", out, "--format", "jsonl,csv")
+    assert fmt.exit_code == 2 and "use a comma-separated list of jsonl, parquet" in fmt.output
+    assert run("--state", state, "--out", out, "--val-fraction", 1).exit_code == 2
+    template = run("--state", state, "--out", out, "--chat-template", state)
+    assert template.exit_code == 2 and "--chat-template needs --tokenizer" in template.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("script", [True, False], ids=["scripts/export_dataset.py", "polar export"])
+def test_help_names_the_options(script):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    argv = [sys.executable, str(REPO / "scripts" / "export_dataset.py")] if script else \
+        [sys.executable, "-m", "polar.cli", "export"]
+    done = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    for option in ("--state", "--captures", "--out", "--min-reward", "--val-fraction", "--format", "--tokenizer"):
+        assert option in done.stdout
