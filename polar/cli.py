@@ -108,5 +108,13 @@ from polar.cli_rollout import rollout, submit  # noqa: E402
 main.add_command(rollout)
 main.add_command(submit)
 
+from polar.cli_export import export  # noqa: E402  (datasets from a rollout run)
+
+main.add_command(export)
+
+from polar.cli_report import report  # noqa: E402
+
+main.add_command(report)
+
 if __name__ == "__main__":
     main()

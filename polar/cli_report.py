@@ -1,0 +1,37 @@
+"""`polar report` — a self-contained HTML report of a run, from its rollout state and/or captures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--state", "state_path", type=click.Path(dir_okay=False),
+              help="Rollout state DB (rollout.db): outcomes, rewards, stage timings, scored trajectories.")
+@click.option("--db", "captures_path", type=click.Path(dir_okay=False),
+              help="Capture DB (captures.db): every model call; trajectories and drift are rebuilt from it.")
+@click.option("--out", default="report.html", show_default=True, type=click.Path(dir_okay=False),
+              help="Where to write the HTML page.")
+@click.option("--title", default="polar run report", show_default=True)
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False),
+              help="Hugging Face tokenizer directory: decode the tokens around each prefix break.")
+def report(state_path, captures_path, out, title, tokenizer_dir) -> None:
+    """Write an HTML report of a run: rewards, tokens and turns, stage timings, trajectories, drift."""
+    from polar.reporting import ReportInputError, write_report
+
+    if state_path is None and captures_path is None:
+        raise click.UsageError("give --state ROLLOUT_DB, --db CAPTURES_DB, or both")
+    tokenizer = None
+    if tokenizer_dir:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    try:
+        data = write_report(out, state_path, captures_path, tokenizer, title)
+    except ReportInputError as err:
+        hint = {"state": "--state", "captures": "--db"}.get(err.source)
+        raise click.BadParameter(str(err), param_hint=hint) from None
+    click.echo(f"wrote {Path(out)}: {len(data.sessions)} sessions, {len(data.trajectories)} trajectories, "
+               f"{sum(t.broken_prefix for t in data.trajectories)} broken prefixes")

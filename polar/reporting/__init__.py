@@ -1,0 +1,21 @@
+"""`polar report`: a self-contained HTML report of a run (gather → plots → HTML).
+
+`gather` reads a rollout state DB and/or a capture DB into a RunData; `render` turns it into one
+HTML page whose plots are inline PNGs, readable offline and without JavaScript.
+"""
+
+from pathlib import Path
+
+from polar.reporting.gather import ReportInputError, RunData, SessionStats, gather
+from polar.reporting.html import render
+
+
+def write_report(out: str | Path, state: str | Path | None = None, captures: str | Path | None = None,
+                 tokenizer=None, title: str = "polar run report") -> RunData:
+    """Gather the inputs, render them and write the page to `out`; returns what was gathered."""
+    data = gather(state, captures, tokenizer)
+    Path(out).write_text(render(data, title), encoding="utf-8")
+    return data
+
+
+__all__ = ["ReportInputError", "RunData", "SessionStats", "gather", "render", "write_report"]
