@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,19 +45,42 @@ class CapturedCall:
     session_trajectories: int
 
 
-def load_call(store: CaptureStore, row_id: int, call_id: str | None = None) -> CapturedCall:
+class SessionCache:
+    """The last few sessions' rows and trajectories, so viewing call after call of a long session
+    does not re-read and re-merge it each time (seconds at 100k+ tokens, on mitmweb's event loop).
+    An entry is valid while the session has the same last row and the same number of unfinished calls."""
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self._entries: OrderedDict[str, tuple[tuple, list[dict[str, Any]], list[Trajectory]]] = OrderedDict()
+
+    def get(self, store: CaptureStore, session: str, version: tuple) -> tuple[list[dict[str, Any]], list[Trajectory]]:
+        entry = self._entries.get(session)
+        if entry is None or entry[0] != version:
+            rows = list(store.calls(session=session))
+            entry = (version, rows, prefix_merge(rows))
+            self._entries[session] = entry
+        self._entries.move_to_end(session)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return entry[1], entry[2]
+
+
+def load_call(store: CaptureStore, row_id: int, call_id: str | None = None,
+              cache: SessionCache | None = None) -> CapturedCall:
     """Read a call and rebuild its session's trajectories. `call_id` guards against a flow from another database."""
     conn = store.reader()
     try:
         found = conn.execute("SELECT session_id, call_id FROM calls WHERE id=?", (row_id,)).fetchone()
+        version = found and tuple(conn.execute(
+            "SELECT max(id), sum(status = 'pending') FROM calls WHERE session_id=?", (found["session_id"],)).fetchone())
     finally:
         conn.close()
     if found is None:
         raise ValueError(f"capture row {row_id} is not in {store.path}")
     if call_id is not None and found["call_id"] != call_id:
         raise ValueError(f"capture row {row_id} in {store.path} holds call {found['call_id']}, not this flow's {call_id}")
-    rows = list(store.calls(session=found["session_id"]))
-    trajectories = prefix_merge(rows)
+    rows, trajectories = (cache or SessionCache()).get(store, found["session_id"], version)
     owner = next((t for t in trajectories if any(turn.row_id == row_id for turn in t.turns)), None)
     row = next(r for r in rows if r["id"] == row_id)
     return CapturedCall(row, owner, len(rows), len(trajectories))
@@ -230,6 +254,7 @@ class PolarContentview(contentviews.Contentview):
             raise ValueError(f"low_prob is a probability threshold between 0 and 1 (exclusive), not {low_prob}")
         self._gateway = gateway
         self.low_prob = low_prob
+        self._sessions = SessionCache()
 
     def render_priority(self, data: bytes, metadata: contentviews.Metadata) -> float:
         # Picked by hand, never by "auto": the body as it went over the wire stays the default view.
@@ -242,5 +267,5 @@ class PolarContentview(contentviews.Contentview):
         gateway = self._gateway()
         if gateway is None:
             raise ValueError("the polar gateway is not configured in this mitmproxy")
-        call = load_call(gateway.store, ref["row"], ref.get("call_id"))
+        call = load_call(gateway.store, ref["row"], ref.get("call_id"), self._sessions)
         return render(call, tokenizer_of(gateway.backend), self.low_prob)

@@ -156,3 +156,25 @@ def test_failed_call_shows_the_error_and_no_trajectory(tmp_path):
     assert "trajectory  none: this call sampled no tokens" in lines
     assert "none: the call produced no result" in lines
     store.close()
+
+
+def test_a_session_is_read_once_until_it_changes(tmp_path, monkeypatch):
+    """Viewing call after call of one session re-reads it only when a call was added or finished."""
+    store = CaptureStore(tmp_path / "c.db")
+    result = {"id": "x", "model": "tiny", "created": 0, "content": "Hi", "finish_reason": "stop",
+              "usage": {"prompt_tokens": 3, "completion_tokens": 2}, "prompt_mode": "chat-template"}
+    first = _capture(store, "s-cache", [1, 2, 3], [10, 11], [-0.5, -0.5], result)
+    reads = []
+    calls = store.calls
+    monkeypatch.setattr(store, "calls", lambda session=None, **kw: reads.append(session) or calls(session, **kw))
+    view = PolarContentview(lambda: _Gateway(store))
+    flow = _flow({"row": first, "call_id": f"call-{first}", "session": "s-cache"})
+    for _ in range(3):
+        assert "turn 1 of 1" in _show(view, flow).text
+    assert reads == ["s-cache"]
+
+    second = _capture(store, "s-cache", [1, 2, 3, 10, 11, 4], [12], [-0.5], result)
+    assert "turn 1 of 2" in _show(view, flow).text  # the new call is seen at once
+    assert "turn 2 of 2" in _show(view, _flow({"row": second, "call_id": f"call-{second}", "session": "s-cache"})).text
+    assert reads == ["s-cache", "s-cache"]
+    store.close()
