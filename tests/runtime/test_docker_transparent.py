@@ -78,7 +78,7 @@ OTHER_HOSTS = [
     "https://statsig.anthropic.com/v1/initialize",  # telemetry and update hosts the CLIs phone
     "https://http-intake.logs.us5.datadoghq.com/api/v2/logs",
     "https://play.googleapis.com/log",
-    "http://registry.npmjs.org/",
+    "http://packages.example.org/",  # plain HTTP, as a CLI's self-updater might try
 ]
 
 
