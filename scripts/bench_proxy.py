@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""Benchmark: latency and throughput polar adds over calling the upstream directly.
+"""Benchmark: latency, throughput and CPU polar adds over calling the upstream directly.
 
-Both columns run in the same process against the same upstream (the scripted vLLM double, so
-the upstream's own cost is small and stable), side by side, at each concurrency:
-  direct  — OpenAI chat completion with token ids straight to the upstream (what polar sends it);
-  polar   — the same conversation as an Anthropic Messages call through the polar proxy
-            (detect, translate, upstream call, render, durable capture).
-The upstream and the proxy run as separate processes; the load generator is this process.
-On this 2-core machine all three share the CPU, so absolute numbers are pessimistic; the added
-latency and the throughput ratio are the figures to read.
+Every column runs against the same upstream (scripts/bench_upstream.py: the scripted vLLM double
+behind an answer cache, so the upstream's own cost is small, stable and equal for all), side by
+side at each concurrency, from one load generator (this process):
+  direct  — the OpenAI chat call with token ids straight to the upstream: exactly what polar itself
+            sends upstream for the Anthropic call below (streamed: the same with "stream": true);
+  polar   — the same conversation as an Anthropic Messages call through `polar proxy` (detect,
+            translate, upstream call, render, durable capture), one process.
+Each cell times max(--requests, 4 x clients) requests after one warm-up request per connection;
+CPU is the proxy's (and the upstream's) user+system time over the timed part, from /proc.
+On this 2-core machine client, proxy and upstream share the CPU, so absolute numbers are
+pessimistic; added latency, ratios and CPU per request are the figures to read.
+scripts/bench_peers.py adds the LiteLLM proxy to the same table; this module is its measurement core.
 
-    python scripts/bench_proxy.py [--requests 300] [--concurrency 1 16 64] [--stream]
+    python scripts/bench_proxy.py [--requests 300] [--concurrency 1 16 64 256] [--stream both]
+                                  [--sync FULL NORMAL] [--markdown]
 """
 
 from __future__ import annotations
@@ -18,14 +23,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import httpx
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -33,95 +44,391 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from polar.proxy import free_port  # noqa: E402
 
+CACHE = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))
+DEFAULT_TOKENIZER = CACHE / "models" / "qwen35-tiny"
 MESSAGES = [{"role": "user", "content": "Say hello in one short sentence."}]
+ANTHROPIC_BODY = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": MESSAGES}
+ANTHROPIC_HEADERS = {"x-api-key": "bench", "anthropic-version": "2023-06-01", "content-type": "application/json"}
+# What polar sends upstream for ANTHROPIC_BODY in chat-template mode: the fair "direct" call.
+DIRECT_BODY = {"model": "polar-tiny", "messages": MESSAGES, "max_tokens": 64, "return_token_ids": True,
+               "logprobs": True}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def wait_http(url: str, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+# -- processes ------------------------------------------------------------------------------------
+
+
+def _descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
         try:
-            httpx.get(url, timeout=1)
+            kids = [int(k) for k in children.read_text().split()]
+        except OSError:  # the thread or process is gone
+            continue
+        for kid in kids:
+            out += [kid, *_descendants(kid)]
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its live descendants (from /proc, in seconds)."""
+    total = 0
+    for p in [pid, *_descendants(pid)]:
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 0
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / CLK_TCK
+
+
+class Service:
+    """A server started as a child process: output in a log file, up when its health URL answers."""
+
+    def __init__(self, name: str, cmd: Sequence[str], health_url: str, log: Path,
+                 env: dict[str, str] | None = None, cwd: Path | None = None):
+        self.name, self.cmd, self.health_url, self.log = name, list(cmd), health_url, log
+        self.env, self.cwd = env, cwd
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 120) -> Service:
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd,
+                                         env={**os.environ, **(self.env or {})})
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} while starting:\n{self.tail()}")
+            try:
+                if httpx.get(self.health_url, timeout=2).status_code < 500:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not answer {self.health_url} within {timeout:.0f} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.proc.pid) if self.proc else 0.0
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
             return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
 
 
-async def run_load(url: str, body: dict, headers: dict, n: int, concurrency: int) -> tuple[list[float], float]:
-    latencies: list[float] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
-        for _ in range(min(concurrency, 8)):  # warm connections and caches
-            (await client.post(url, json=body, headers=headers)).raise_for_status()
-        queue = iter(range(n))
+def start_upstream(workdir: Path, tokenizer: str | Path) -> Service:
+    port = free_port()
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_upstream.py"), "--port", str(port),
+           "--tokenizer", str(tokenizer)]
+    return Service("upstream", cmd, f"http://127.0.0.1:{port}/health", workdir / "upstream.log",
+                   env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}).start()
 
-        async def worker() -> None:
-            for _ in queue:
-                t = time.perf_counter()
-                resp = await client.post(url, json=body, headers=headers)
-                await resp.aread()
-                resp.raise_for_status()
-                latencies.append(time.perf_counter() - t)
 
+def upstream_url(upstream: Service) -> str:
+    return upstream.health_url.removesuffix("/health")
+
+
+def start_polar(workdir: Path, upstream: Service, sync: str) -> Service:
+    """`polar proxy` in chat-template mode, captures in its own database with this commit mode."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "polar.cli", "proxy", "--upstream", upstream_url(upstream), "--port", str(port),
+           "--db", str(workdir / f"captures-{sync.lower()}.db"), "--set", f"polar_db_sync={sync}"]
+    return Service(f"polar (sync={sync})", cmd, f"http://127.0.0.1:{port}/", workdir / f"polar-{sync.lower()}.log",
+                   cwd=REPO).start()
+
+
+# -- targets and load -----------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """Where the load goes: an endpoint, the request it gets, and the proxy process (None: direct)."""
+
+    name: str
+    url: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    proxy: Service | None = None
+
+    def request(self, stream: bool) -> dict[str, Any]:
+        return {**self.body, "stream": True} if stream else self.body
+
+
+def direct_target(upstream: Service) -> Target:
+    return Target("direct", f"{upstream_url(upstream)}/v1/chat/completions", DIRECT_BODY,
+                  {"content-type": "application/json"})
+
+
+def polar_target(workdir: Path, upstream: Service, sync: str, name: str = "polar") -> Target:
+    proxy = start_polar(workdir, upstream, sync)
+    return Target(name, f"{proxy.health_url}v1/messages", ANTHROPIC_BODY, ANTHROPIC_HEADERS, proxy)
+
+
+def answer_text(target: Target) -> str:
+    """One non-streamed call's answer text: proves the target is wired to the upstream before timing it."""
+    resp = httpx.post(target.url, json=target.request(False), headers=target.headers, timeout=120)
+    if resp.status_code != 200:
+        raise RuntimeError(f"{target.name} answered HTTP {resp.status_code}: {resp.text[:500]}")
+    body = resp.json()
+    if "choices" in body:  # OpenAI chat
+        return body["choices"][0]["message"]["content"]
+    return "".join(part.get("text", "") for part in body.get("content", []))  # Anthropic Messages
+
+
+def check_targets(targets: list[Target]) -> None:
+    """Every target must give the answer direct gives (the same upstream answer, translated)."""
+    want = answer_text(targets[0])
+    for target in targets[1:]:
+        got = answer_text(target)
+        if got != want:
+            raise RuntimeError(f"{target.name} answered {got!r}, direct answered {want!r}")
+
+
+def upstream_stats(upstream: Service) -> str:
+    stats = httpx.get(f"{upstream_url(upstream)}/_bench/stats", timeout=10).json()
+    return (f"upstream: {stats['calls']} calls, {stats['misses']} computed by the double "
+            f"({len(stats['bodies'])} distinct request {'body' if len(stats['bodies']) == 1 else 'bodies'}), "
+            "the rest served from its answer cache")
+
+
+@dataclass
+class Cell:
+    """One target at one concurrency, streamed or not."""
+
+    target: str
+    stream: bool
+    clients: int
+    latencies: list[float]
+    errors: list[str]
+    wall: float
+    proxy_cpu: float | None  # seconds over the timed part (None: no proxy)
+    upstream_cpu: float
+
+    @property
+    def ok(self) -> int:
+        return len(self.latencies)
+
+    def pct(self, q: int) -> float:
+        """The q-th percentile latency in ms."""
+        if not self.latencies:
+            return float("nan")
+        if len(self.latencies) == 1:
+            return self.latencies[0] * 1000
+        return statistics.quantiles(self.latencies, n=100, method="inclusive")[q - 1] * 1000
+
+    @property
+    def rps(self) -> float:
+        return self.ok / self.wall if self.wall else 0.0
+
+    def cpu_ms(self, seconds: float | None) -> float | None:
+        return None if seconds is None or not self.ok else seconds * 1000 / self.ok
+
+
+async def drive(target: Target, stream: bool, clients: int, n: int,
+                on_start: Callable[[], None]) -> tuple[list[float], list[str], float]:
+    """`n` requests from `clients` concurrent clients, one keep-alive connection each."""
+    body, latencies, errors = target.request(stream), [], []
+    connector = aiohttp.TCPConnector(limit=clients, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def once() -> None:
+            t = time.perf_counter()
+            try:
+                async with session.post(target.url, json=body, headers=target.headers) as resp:
+                    await resp.read()  # streamed: every event, to the end
+                    if resp.status != 200:
+                        errors.append(f"HTTP {resp.status}")
+                        return
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                errors.append(type(exc).__name__)
+                return
+            latencies.append(time.perf_counter() - t)
+
+        await asyncio.gather(*(once() for _ in range(clients)))  # open every connection, warm caches
+        if errors:
+            raise RuntimeError(f"{target.name}: warm-up failed ({errors[0]}; {len(errors)}/{clients} requests)")
+        latencies.clear()
+        todo = iter(range(n))
+
+        async def client() -> None:
+            for _ in todo:
+                await once()
+
+        on_start()
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(client() for _ in range(clients)))
         wall = time.perf_counter() - t0
-    return latencies, wall
+    return latencies, errors, wall
 
 
-def pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000 if len(values) > 1 else values[0] * 1000
+def measure(target: Target, upstream: Service, stream: bool, clients: int, n: int) -> Cell:
+    marks: dict[str, float] = {}
+
+    def start() -> None:
+        marks["proxy"] = target.proxy.cpu_seconds() if target.proxy else 0.0
+        marks["upstream"] = upstream.cpu_seconds()
+
+    latencies, errors, wall = asyncio.run(drive(target, stream, clients, n, start))
+    proxy_cpu = target.proxy.cpu_seconds() - marks["proxy"] if target.proxy else None
+    return Cell(target.name, stream, clients, latencies, errors, wall, proxy_cpu,
+                upstream.cpu_seconds() - marks["upstream"])
 
 
-def main() -> None:
+def cell_requests(requests: int, clients: int) -> int:
+    return max(requests, 4 * clients)
+
+
+def run_matrix(targets: list[Target], upstream: Service, concurrency: list[int], streams: list[bool],
+               requests: int, progress: Callable[[str], None] = lambda _: None) -> list[Cell]:
+    """Every target at every concurrency, targets side by side (so a load spike hits them alike)."""
+    cells = []
+    for stream in streams:
+        for clients in concurrency:
+            for target in targets:
+                cell = measure(target, upstream, stream, clients, cell_requests(requests, clients))
+                progress(f"{'streamed' if stream else 'non-streamed'} {clients:>3} clients {target.name:<14} "
+                         f"p50 {cell.pct(50):8.2f} ms  {cell.rps:7.1f} req/s  errors {len(cell.errors)}")
+                cells.append(cell)
+    return cells
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def results_table(cells: list[Cell], title: str) -> Table:
+    """One row per target and concurrency; `added` and ratios against direct at the same point."""
+    table = Table(title=title)
+    for col in ("stream", "clients", "target", "requests", "errors", "p50 ms", "p99 ms", "added p50 ms",
+                "added p99 ms", "req/s", "req/s vs direct", "proxy CPU ms/req", "upstream CPU ms/req"):
+        table.add_column(col, justify="left" if col in ("stream", "target") else "right")
+    direct = {(c.stream, c.clients): c for c in cells if c.target == "direct"}
+    for c in cells:
+        base = direct.get((c.stream, c.clients))
+        is_base = base is None or base is c
+        table.add_row(
+            "yes" if c.stream else "no", str(c.clients), c.target, str(c.ok + len(c.errors)), str(len(c.errors)),
+            _ms(c.pct(50)), _ms(c.pct(99)),
+            "–" if is_base else _ms(c.pct(50) - base.pct(50)), "–" if is_base else _ms(c.pct(99) - base.pct(99)),
+            f"{c.rps:.0f}", "–" if is_base else f"{c.rps / base.rps:.2f}" if base.rps else "–",
+            _ms(c.cpu_ms(c.proxy_cpu)), _ms(c.cpu_ms(c.upstream_cpu)),
+        )
+    return table
+
+
+def target_lines(cells: list[Cell], polar: str = "polar", peer: str | None = None) -> list[str]:
+    """The issue's two targets, read off the cells that were measured."""
+    by = {(c.target, c.stream, c.clients): c for c in cells}
+    lines = []
+    p, d = by.get((polar, False, 1)), by.get(("direct", False, 1))
+    if p and d:
+        added = p.pct(50) - d.pct(50)
+        lines.append(f"target: {polar} adds < 5 ms p50 at 1 client (non-streamed): {added:.2f} ms — "
+                     f"{'met' if added < 5 else 'NOT met'}")
+    if peer:
+        for stream in (False, True):
+            p, q = by.get((polar, stream, 64)), by.get((peer, stream, 64))
+            if p and q:
+                lines.append(f"target: {polar} serves >= {peer}'s throughput at 64 clients "
+                             f"({'streamed' if stream else 'non-streamed'}): {p.rps:.0f} vs {q.rps:.0f} req/s — "
+                             f"{'met' if p.rps >= q.rps else 'NOT met'}")
+    return lines
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def print_report(console: Console, table: Table, lines: list[str], markdown: bool, load_before: str,
+                 started: float, command: str) -> None:
+    if markdown:
+        table.box, table.title_justify = box.MARKDOWN, "left"
+    console.print(table)
+    for line in lines:
+        console.print(line)
+    console.print(f"command: {command}")
+    console.print(f"load average (1/5/15 min) before: {load_before}; after: {loadavg()}; "
+                  f"{os.cpu_count()} cores shared; {time.perf_counter() - started:.0f} s in all")
+
+
+# -- polar vs direct --------------------------------------------------------------------------------
+
+
+def common_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--requests", type=int, default=300,
+                    help="timed requests per cell (at least 4 per client are always sent)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256], help="concurrent clients")
+    ap.add_argument("--stream", choices=["no", "yes", "both"], default="both",
+                    help="non-streamed and/or streamed calls")
+    ap.add_argument("--sync", choices=["FULL", "NORMAL"], nargs="+", default=["FULL"],
+                    help="polar's capture commit mode(s), one polar column each (polar_db_sync; FULL is the "
+                         "default: an fsync per call; NORMAL survives a crash of polar but not of the machine)")
+    ap.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer dir for the scripted double")
+    ap.add_argument("--markdown", action="store_true", help="draw the table as Markdown (for docs/benchmarks.md)")
+
+
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.requests < 1 or min(args.concurrency) < 1:
+        ap.error("--requests and --concurrency must be at least 1")
+    if not (Path(args.tokenizer) / "tokenizer.json").exists():
+        ap.error(f"no tokenizer at {args.tokenizer} (build one: scripts/build_tiny_model.py --tokenizer-only)")
+
+
+def streams_of(choice: str) -> list[bool]:
+    return {"no": [False], "yes": [True], "both": [False, True]}[choice]
+
+
+def command_line(script: str, argv: Sequence[str]) -> str:
+    return shlex.join(["python", f"scripts/{script}", *argv])
+
+
+def polar_name(sync: str, syncs: list[str]) -> str:
+    return "polar" if len(syncs) == 1 else f"polar {sync}"
+
+
+def main(argv: Sequence[str] | None = None) -> list[Cell]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=300, help="requests per column and concurrency level")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--stream", action="store_true", help="ask polar for SSE (the upstream call is the same)")
-    ap.add_argument("--sync", choices=["FULL", "NORMAL"], default="FULL",
-                    help="capture commit mode (polar_db_sync; FULL is polar's default): NORMAL survives a crash of "
-                         "polar but not of the machine, and saves the fsync per call")
-    ap.add_argument("--tokenizer", default=str(Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache/polar")) / "models/qwen35-tiny"))
-    args = ap.parse_args()
-
-    tmp = Path(tempfile.mkdtemp(prefix="polar-bench-"))
-    up_port, px_port = free_port(), free_port()
-    polar = [sys.executable, "-m", "polar.cli"]
-    procs = [
-        subprocess.Popen([*polar, "double", "--tokenizer", args.tokenizer, "--port", str(up_port)]),
-        subprocess.Popen([*polar, "proxy", "--upstream", f"http://127.0.0.1:{up_port}", "--port", str(px_port),
-                          "--db", str(tmp / "captures.db"), "--set", f"polar_db_sync={args.sync}"],
-                         stdout=subprocess.DEVNULL),
-    ]
-    try:
-        wait_http(f"http://127.0.0.1:{up_port}/health")
-        wait_http(f"http://127.0.0.1:{px_port}/")
-        direct_body = {"model": "polar-tiny", "messages": MESSAGES, "max_tokens": 64,
-                       "return_token_ids": True, "logprobs": True}
-        polar_body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": MESSAGES, "stream": args.stream}
-        table = Table(title=f"polar vs direct upstream ({args.requests} requests per cell, "
-                            f"{'streamed' if args.stream else 'non-streamed'}, captures synchronous={args.sync}, "
-                            f"{os.cpu_count()} cores shared)")
-        for col in ("clients", "direct p50 ms", "polar p50 ms", "added p50 ms", "direct p99 ms", "polar p99 ms",
-                    "added p99 ms", "direct req/s", "polar req/s", "throughput ratio"):
-            table.add_column(col, justify="right")
-        for c in args.concurrency:
-            d_lat, d_wall = asyncio.run(run_load(f"http://127.0.0.1:{up_port}/v1/chat/completions", direct_body, {},
-                                                 args.requests, c))
-            p_lat, p_wall = asyncio.run(run_load(f"http://127.0.0.1:{px_port}/v1/messages", polar_body,
-                                                 {"x-api-key": "bench", "anthropic-version": "2023-06-01"},
-                                                 args.requests, c))
-            d50, p50, d99, p99 = pct(d_lat, 50), pct(p_lat, 50), pct(d_lat, 99), pct(p_lat, 99)
-            d_rps, p_rps = len(d_lat) / d_wall, len(p_lat) / p_wall
-            table.add_row(str(c), f"{d50:.2f}", f"{p50:.2f}", f"{p50 - d50:.2f}", f"{d99:.2f}", f"{p99:.2f}",
-                          f"{p99 - d99:.2f}", f"{d_rps:.0f}", f"{p_rps:.0f}", f"{p_rps / d_rps:.2f}")
-        Console().print(table)
-        Console().print("target: added p50 < 5 ms for a non-streamed call at concurrency 1")
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+    common_args(ap)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = ap.parse_args(argv)
+    check_args(ap, args)
+    console, started, load_before = Console(width=240), time.perf_counter(), loadavg()
+    services: list[Service] = []
+    with tempfile.TemporaryDirectory(prefix="polar-bench-proxy-") as tmp:
+        try:
+            upstream = start_upstream(Path(tmp), args.tokenizer)
+            services.append(upstream)
+            targets = [direct_target(upstream)]
+            for sync in args.sync:
+                targets.append(polar_target(Path(tmp), upstream, sync, polar_name(sync, args.sync)))
+                services.append(targets[-1].proxy)
+            check_targets(targets)
+            cells = run_matrix(targets, upstream, args.concurrency, streams_of(args.stream), args.requests,
+                               lambda line: console.print(f"[dim]{line}[/dim]"))
+            stats = upstream_stats(upstream)
+        finally:
+            for service in reversed(services):
+                service.stop()
+    title = (f"polar vs direct upstream (polar: 1 process, captures synchronous={'/'.join(args.sync)}; "
+             f"{os.cpu_count()} cores shared by client, proxy and upstream)")
+    print_report(console, results_table(cells, title),
+                 [*target_lines(cells, polar_name(args.sync[0], args.sync)), stats], args.markdown, load_before,
+                 started, command_line("bench_proxy.py", argv))
+    return cells
 
 
 if __name__ == "__main__":

@@ -365,37 +365,64 @@ class Stored:
     rows: list[dict[str, Any]]
 
 
-def store_session(path: Path, calls: list[Call], built: list[Built], seed: int) -> Stored:
-    """Write the session's calls as the gateway does (one row each, tokens linear) and read them back."""
+@dataclass
+class GatewayCall:
+    """One call as the gateway hands it to the capture store (ids, session and clock filled in at write time)."""
+
+    begin: dict[str, Any]  # the pending row
+    finish: dict[str, Any]  # the completion, without its token columns
+    prompt: list[int]
+    sampled: list[int]
+    logprobs: list[float]
+
+
+def gateway_calls(calls: list[Call], built: list[Built], seed: int) -> list[GatewayCall]:
+    """The session's calls as the gateway records them: raw body, canonical request, result, response body."""
     provider = OpenAIChat()
     route = provider.match("POST", "/v1/chat/completions", {}, {})
+    rng = random.Random(seed)
+    out = []
+    for call, item in zip(calls, built, strict=True):
+        result = ChatResult(
+            id=f"{rng.getrandbits(96):024x}", model=MODEL, created=int(time.time()), content=call.answer.text(),
+            reasoning=(call.answer.reasoning or [None])[0], tool_calls=call.answer.tool_calls,
+            finish_reason="tool_calls" if call.answer.tool_calls else "stop",
+            usage=Usage(prompt_tokens=len(item.prompt), completion_tokens=len(call.sampled)),
+        )
+        out.append(GatewayCall(
+            begin={"provider": provider.name, "endpoint": "generate", "path": "/v1/chat/completions",
+                   "status": "pending", "request_headers": json.dumps({"content-type": "application/json"}),
+                   "request_body": json.dumps(call.body, ensure_ascii=False).encode()},
+            finish={"status": "ok", "http_status": 200, "model": MODEL, "upstream_model": MODEL, "stream": 0,
+                    "canonical": item.request.model_dump(mode="json", exclude_none=True),  # as the gateway stores it
+                    "result": result.model_dump_json(exclude={"prompt_token_ids", "completion_token_ids",
+                                                              "completion_logprobs"}),
+                    "response_body": provider.render(route, item.request, result).body,
+                    "finish_reason": result.finish_reason, "prompt_mode": item.mode},
+            prompt=item.prompt, sampled=call.sampled, logprobs=[-rng.random() for _ in call.sampled],
+        ))
+    return out
+
+
+async def write_call(store: CaptureStore, session: str, call: GatewayCall, call_id: str,
+                     canonical: dict[str, Any] | None = None) -> None:
+    """Write one call as the gateway does: the pending row, then the completion, awaited until committed."""
+    row_id = store.allocate_id()
+    store.begin({"id": row_id, "call_id": call_id, "session_id": session, **call.begin, "t_start": time.time()})
+    await store.finish(row_id, {
+        **call.finish, **({"canonical": canonical} if canonical is not None else {}), "t_end": time.time(),
+        **store.tokens_fields(session, row_id, call.prompt, call.sampled, call.logprobs),
+    })
+
+
+def store_session(path: Path, calls: list[Call], built: list[Built], seed: int) -> Stored:
+    """Write the session's calls as the gateway does (one row each, tokens linear) and read them back."""
     rng = random.Random(seed)
     store = CaptureStore(path, synchronous="NORMAL")
 
     async def write() -> None:
-        for call, item in zip(calls, built, strict=True):
-            row_id = store.allocate_id()
-            call_id = f"{rng.getrandbits(96):024x}"
-            store.begin({"id": row_id, "call_id": call_id, "session_id": "bench", "provider": provider.name,
-                         "endpoint": "generate", "path": "/v1/chat/completions", "status": "pending",
-                         "request_headers": json.dumps({"content-type": "application/json"}),
-                         "request_body": json.dumps(call.body, ensure_ascii=False).encode(), "t_start": time.time()})
-            logprobs = [-rng.random() for _ in call.sampled]
-            result = ChatResult(
-                id=call_id, model=MODEL, created=int(time.time()), content=call.answer.text(),
-                reasoning=(call.answer.reasoning or [None])[0], tool_calls=call.answer.tool_calls,
-                finish_reason="tool_calls" if call.answer.tool_calls else "stop",
-                usage=Usage(prompt_tokens=len(item.prompt), completion_tokens=len(call.sampled)),
-            )
-            await store.finish(row_id, {
-                "status": "ok", "http_status": 200, "model": MODEL, "upstream_model": MODEL, "stream": 0,
-                "canonical": item.request.model_dump(mode="json", exclude_none=True),  # as the gateway stores it
-                "result": result.model_dump_json(exclude={"prompt_token_ids", "completion_token_ids",
-                                                          "completion_logprobs"}),
-                "response_body": provider.render(route, item.request, result).body,
-                "finish_reason": result.finish_reason, "prompt_mode": item.mode, "t_end": time.time(),
-                **store.tokens_fields("bench", row_id, item.prompt, call.sampled, logprobs),
-            })
+        for call in gateway_calls(calls, built, seed):
+            await write_call(store, "bench", call, f"{rng.getrandbits(96):024x}")
 
     asyncio.run(write())
     store.close()

@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Benchmark: the capture store's write rate under concurrent sessions, and its bytes per session.
+
+write rate — 1, 16 … 256 sessions at once write their calls through a real CaptureStore
+  (polar/capture/store.py) exactly as the gateway does: allocate an id, begin() the pending row,
+  then finish() the completion (raw body, canonical request, result, response body, linear token
+  columns) and await its commit, for each capture commit mode (--sync FULL, polar's default: the
+  commit of a group holding completions is fsynced; NORMAL: committed to the WAL, no fsync). Every
+  session replays one synthetic coding-agent session of --session-size tokens (scripts/bench_tokens.py
+  builds it, prompts token-faithful), its canonical messages tagged per session so the content-
+  addressed message table stores each session's messages as it would for different real sessions.
+  Nothing else runs on the event loop: this is the store's own capacity on this machine.
+bytes per session — one session per size written the same way (scripts/bench_tokens.py's
+  store_session), the database file broken down by where its bytes go.
+
+    python scripts/bench_store.py [--sessions 1 16 256] [--sync FULL NORMAL] [--session-size 16k]
+                                  [--rows 3000] [--sizes 1k 4k 16k 64k 128k] [--dir DIR] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import shlex
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_tokens as tokens  # noqa: E402  (puts the repository on sys.path too)
+from bench_proxy import loadavg  # noqa: E402
+from polar.capture.store import CaptureStore  # noqa: E402
+from polar.tokens import ChatTemplate  # noqa: E402
+
+
+# -- one synthetic session, made ready to replay ----------------------------------------------------
+
+
+@dataclass
+class Session:
+    """A synthetic session as the gateway hands its calls to the store."""
+
+    size: int
+    tokens: int  # final prompt + sample
+    calls: list[tokens.GatewayCall]
+    built: list[tokens.Built]
+    raw: list[tokens.Call]
+
+
+def synthesize(synth: tokens.SessionSynth, size: int, turns: int | None) -> Session:
+    calls = synth.session(size, turns or tokens.auto_turns(size))
+    built = tokens.build_prompts(synth.template, calls, repeat=1)
+    return Session(size, len(built[-1].prompt) + len(calls[-1].sampled),
+                   tokens.gateway_calls(calls, built, synth.seed), built, calls)
+
+
+def tagged_canonicals(session: Session, tag: str) -> list[dict[str, Any]]:
+    """Each call's canonical request with its messages made this session's own (history is append-only,
+    so message i is the same message in every call that has it, and is tagged once)."""
+    tagged: dict[int, dict[str, Any]] = {}
+
+    def own(i: int, message: dict[str, Any]) -> dict[str, Any]:
+        if i not in tagged:
+            parts = [dict(p) for p in message.get("content", [])]
+            text = next((p for p in parts if p.get("type") == "text"), None)
+            if text is not None:
+                text["text"] = f"[{tag}] {text['text']}"
+            else:
+                parts.insert(0, {"type": "text", "text": f"[{tag}]"})
+            tagged[i] = {**message, "content": parts}
+        return tagged[i]
+
+    return [{**c.finish["canonical"], "messages": [own(i, m) for i, m in enumerate(c.finish["canonical"]["messages"])]}
+            for c in session.calls]
+
+
+# -- write rate -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Rate:
+    sync: str
+    sessions: int
+    rows: int
+    wall: float
+    cpu: float  # seconds of this process (event loop + writer thread)
+    db_bytes: int  # pages in use after the run
+    latencies: list[float]  # per call: begin → completion committed
+
+    def pct(self, q: int) -> float:
+        return statistics.quantiles(self.latencies, n=100, method="inclusive")[q - 1] * 1000
+
+
+def used_bytes(conn: sqlite3.Connection) -> int:
+    """Pages in use: the file less its free list (the store pre-sizes its WAL with scratch pages that end
+    up free in the database file, ~4 MB reused by later rows)."""
+    count, free, page = (conn.execute(f"PRAGMA {name}").fetchone()[0] for name in
+                         ("page_count", "freelist_count", "page_size"))
+    return (count - free) * page
+
+
+def write_rate(session: Session, sync: str, concurrency: int, min_rows: int, workdir: Path) -> Rate:
+    """`concurrency` sessions at once, each writer replaying whole sessions until `min_rows` are written."""
+    rounds = max(1, math.ceil(min_rows / (concurrency * len(session.calls))))
+    names = [f"s{w:03d}-{r:03d}" for w in range(concurrency) for r in range(rounds)]
+    canonicals = {name: tagged_canonicals(session, name) for name in names}  # before the clock starts
+    path = workdir / f"rate-{sync.lower()}-{concurrency}.db"
+    store = CaptureStore(path, synchronous=sync)
+    latencies: list[float] = []
+
+    async def writer(w: int) -> None:
+        for r in range(rounds):
+            name = f"s{w:03d}-{r:03d}"
+            for i, call in enumerate(session.calls):
+                t = time.perf_counter()
+                await tokens.write_call(store, name, call, f"{name}-{i:04d}", canonicals[name][i])
+                latencies.append(time.perf_counter() - t)
+
+    async def run() -> float:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(writer(w) for w in range(concurrency)))
+        return time.perf_counter() - t0
+
+    cpu0 = time.process_time()
+    wall = asyncio.run(run())
+    cpu = time.process_time() - cpu0
+    store.close()
+    with sqlite3.connect(path) as conn:
+        size = used_bytes(conn)
+    conn.close()
+    return Rate(sync, concurrency, len(latencies), wall, cpu, size, latencies)
+
+
+def rate_table(rates: list[Rate], session: Session) -> Table:
+    table = Table(title=f"Capture store write rate: concurrent sessions of {tokens.size_label(session.size)} "
+                        f"({session.tokens} tokens, {len(session.calls)} calls each), through CaptureStore")
+    for col in ("sync", "sessions", "rows", "rows/s", "MB/s", "commit p50 ms", "commit p99 ms", "CPU ms/row",
+                "vs 1 session"):
+        table.add_column(col, justify="left" if col == "sync" else "right")
+    single = {r.sync: r for r in rates if r.sessions == 1}
+    for r in rates:
+        base = single.get(r.sync)
+        table.add_row(r.sync, str(r.sessions), str(r.rows), f"{r.rows / r.wall:.0f}",
+                      f"{r.db_bytes / r.wall / 1e6:.1f}", f"{r.pct(50):.2f}", f"{r.pct(99):.2f}",
+                      f"{r.cpu * 1000 / r.rows:.2f}",
+                      f"{(r.rows / r.wall) / (base.rows / base.wall):.1f}x" if base else "–")
+    return table
+
+
+# -- bytes per session ----------------------------------------------------------------------------
+
+
+@dataclass
+class Footprint:
+    size: int
+    calls: int
+    tokens: int
+    file_bytes: int
+    used_bytes: int  # file less its free pages
+    parts: dict[str, int]  # where the used bytes go
+
+
+def footprint(session: Session, seed: int, workdir: Path) -> Footprint:
+    path = workdir / f"size-{session.size}.db"
+    stored = tokens.store_session(path, session.raw, session.built, seed)
+    with sqlite3.connect(path) as conn:
+        (body, canonical, result, response) = conn.execute(
+            "SELECT sum(length(request_body)), sum(length(canonical)), sum(length(result)), "
+            "sum(length(response_body)) FROM calls").fetchone()
+        (messages,) = conn.execute("SELECT coalesce(sum(length(body)), 0) FROM messages").fetchone()
+        pages = dict(conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall())
+        used = used_bytes(conn)
+    conn.close()
+    indexes = sum(v for k, v in pages.items() if k not in ("calls", "messages", "meta", "sqlite_schema"))
+    parts = {"token cols": stored.token_bytes, "request bodies": body, "canonical refs": canonical,
+             "messages": messages, "results": result, "responses": response, "indexes": indexes}
+    return Footprint(session.size, len(session.calls), session.tokens, stored.file_bytes, used, parts)
+
+
+def size_table(prints: list[Footprint]) -> Table:
+    table = Table(title="Capture store bytes per session by length (one session in its own database, its calls as "
+                        "the gateway writes them; used = file less free pages; parts are stored bytes, other = row "
+                        "and page overhead)")
+    cols = ["size", "calls", "tokens", "DB file", "free", "used", "used B/token", *prints[0].parts, "other"]
+    for col in cols:
+        table.add_column(col, justify="right")
+    for f in prints:
+        other = f.used_bytes - sum(f.parts.values())
+        table.add_row(tokens.size_label(f.size), str(f.calls), str(f.tokens), f"{f.file_bytes:,}",
+                      f"{f.file_bytes - f.used_bytes:,}", f"{f.used_bytes:,}", f"{f.used_bytes / f.tokens:.1f}",
+                      *(f"{v:,}" for v in f.parts.values()), f"{other:,}")
+    return table
+
+
+# -- command line -----------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> tuple[list[Rate], list[Footprint]]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 256], help="concurrent sessions per row")
+    ap.add_argument("--sync", choices=["FULL", "NORMAL"], nargs="+", default=["FULL", "NORMAL"],
+                    help="capture commit modes (polar_db_sync)")
+    ap.add_argument("--session-size", type=tokens.parse_size, default=tokens.parse_size("16k"),
+                    help="tokens per replayed session in the write-rate table")
+    ap.add_argument("--rows", type=int, default=3000, help="at least this many rows per write-rate cell")
+    ap.add_argument("--sizes", type=tokens.parse_size, nargs="*",
+                    default=[tokens.parse_size(s) for s in tokens.DEFAULT_SIZES],
+                    help="session lengths for the bytes-per-session table (none: skip it)")
+    ap.add_argument("--turns", type=int, help="calls per session (default: 6 to 60, growing with the size)")
+    ap.add_argument("--tokenizer", default=str(tokens.CACHE / "models" / "qwen35-tiny"), help="tokenizer dir")
+    ap.add_argument("--dir", help="where the databases go (default: the temporary directory; its disk decides "
+                                  "what an fsync costs)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--markdown", action="store_true", help="draw the tables as Markdown (for docs/benchmarks.md)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = ap.parse_args(argv)
+    if min(args.sessions) < 1 or args.rows < 1:
+        ap.error("--sessions and --rows must be at least 1")
+    if args.turns is not None and args.turns < 2:
+        ap.error("--turns must be at least 2")
+    if not (Path(args.tokenizer) / "tokenizer.json").exists():
+        ap.error(f"no tokenizer at {args.tokenizer} (build one: scripts/build_tiny_model.py --tokenizer-only)")
+    if args.dir and not Path(args.dir).is_dir():
+        ap.error(f"--dir {args.dir} is not a directory")
+
+    console = Console(width=240)
+    started, load_before = time.perf_counter(), loadavg()
+    synth = tokens.SessionSynth(ChatTemplate.from_dir(args.tokenizer), thinking=True, seed=args.seed)
+    sessions: dict[int, Session] = {}
+
+    def session_of(size: int) -> Session:
+        if size not in sessions:
+            sessions[size] = synthesize(synth, size, args.turns)
+            console.print(f"[dim]{tokens.size_label(size)} session synthesized at {time.perf_counter() - started:.0f} s"
+                          "[/dim]")
+        return sessions[size]
+
+    with tempfile.TemporaryDirectory(prefix="polar-bench-store-", dir=args.dir) as tmp:
+        rated = session_of(args.session_size)
+        rates = []
+        for concurrency in args.sessions:
+            for sync in args.sync:  # side by side, so a load spike hits both modes alike
+                rates.append(write_rate(rated, sync, concurrency, args.rows, Path(tmp)))
+                r = rates[-1]
+                console.print(f"[dim]{sync:<6} {concurrency:>3} sessions: {r.rows / r.wall:7.0f} rows/s[/dim]")
+        prints = [footprint(session_of(size), args.seed, Path(tmp)) for size in args.sizes]
+        where = tmp
+    tables = [rate_table(rates, rated), *([size_table(prints)] if prints else [])]
+    for table in tables:
+        if args.markdown:
+            table.box, table.title_justify = box.MARKDOWN, "left"
+        console.print(table)
+    console.print(f"command: {shlex.join(['python', 'scripts/bench_store.py', *argv])}")
+    console.print(f"databases in {Path(where).parent} (its disk decides what an fsync costs); "
+                  f"load average (1/5/15 min) before: {load_before}; after: {loadavg()}; "
+                  f"{os.cpu_count()} cores shared; {time.perf_counter() - started:.0f} s in all")
+    return rates, prints
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""The proxy and store benchmark scripts at a tiny scale: real processes, real store, the tables they print.
+
+No timing is asserted (that is what the scripts are for); these check that every target is wired to
+the same upstream, answers without errors, and lands in the table as a row.
+LiteLLM needs its own venv (scripts/setup_litellm.sh): POLAR_BENCH_LITELLM=1 requires it, =0 leaves it
+out, unset uses it when that venv is already in the cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+from tests.conftest import CACHE, REPO
+
+pytestmark = pytest.mark.slow
+LITELLM = CACHE / "litellm-venv" / "bin" / "litellm"
+
+
+def _load(monkeypatch, name: str):
+    """scripts/ is not a package: load a script as a module (registered, as dataclasses need)."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _with_litellm() -> bool:
+    wanted = os.environ.get("POLAR_BENCH_LITELLM")
+    if wanted == "1" and not os.access(LITELLM, os.X_OK):
+        pytest.fail(f"POLAR_BENCH_LITELLM=1 but no LiteLLM proxy at {LITELLM}: run scripts/setup_litellm.sh")
+    return wanted != "0" and os.access(LITELLM, os.X_OK)
+
+
+def _check_cells(cells, targets: list[str]) -> None:
+    got = [(c.stream, c.clients, c.target) for c in cells]
+    assert got == [(s, 1, t) for s in (False, True) for t in targets]
+    for c in cells:
+        assert c.errors == [] and c.ok == 5, (c.target, c.errors)
+        assert (c.proxy_cpu is None) == (c.target == "direct")
+
+
+def test_bench_proxy_tiny(tokenizer_dir, capsys, monkeypatch):
+    bench = _load(monkeypatch, "bench_proxy")
+    cells = bench.main(["--requests", "5", "--concurrency", "1", "--tokenizer", str(tokenizer_dir)])
+    out = capsys.readouterr().out
+
+    _check_cells(cells, ["direct", "polar"])
+    assert "polar vs direct upstream" in out
+    for column in ("added p50 ms", "req/s vs direct", "proxy CPU ms/req", "upstream CPU ms/req"):
+        assert column in out, column
+    assert "target: polar adds < 5 ms p50 at 1 client (non-streamed)" in out
+    assert "command: python scripts/bench_proxy.py --requests 5" in out and "load average" in out
+    # direct, polar (streamed or not) and the warm-ups all asked the upstream the same thing: one distinct body
+    assert "(1 distinct request body)" in out
+
+
+def test_bench_peers_tiny(tokenizer_dir, capsys, monkeypatch):
+    bench = _load(monkeypatch, "bench_peers")
+    litellm = _with_litellm()
+    args = ["--requests", "5", "--concurrency", "1", "--tokenizer", str(tokenizer_dir)]
+    cells = bench.main(args + ([] if litellm else ["--no-litellm"]))
+    out = capsys.readouterr().out
+
+    _check_cells(cells, ["direct", "polar", *(["litellm"] if litellm else [])])
+    assert "vs direct upstream (1 process each" in out
+    assert "target: polar adds < 5 ms p50 at 1 client (non-streamed)" in out
+    assert "(1 distinct request body)" in out  # LiteLLM too sends polar's exact upstream request
+
+
+def test_bench_store_tiny(tokenizer_dir, capsys, monkeypatch):
+    bench = _load(monkeypatch, "bench_store")
+    rates, prints = bench.main(["--sessions", "1", "3", "--rows", "5", "--session-size", "1k", "--turns", "3",
+                                "--sizes", "1k", "2k", "--tokenizer", str(tokenizer_dir)])
+    out = capsys.readouterr().out
+
+    assert [(r.sync, r.sessions) for r in rates] == [("FULL", 1), ("NORMAL", 1), ("FULL", 3), ("NORMAL", 3)]
+    # whole sessions of 3 calls, as many as reach --rows: 2 rounds for one writer, 1 each for three
+    assert [r.rows for r in rates] == [6, 6, 9, 9]
+    assert all(r.db_bytes > 0 for r in rates)
+    assert [(f.size, f.calls) for f in prints] == [(1024, 3), (2048, 3)]
+    for f in prints:
+        assert f.tokens > 0 and f.used_bytes <= f.file_bytes
+        assert f.parts["token cols"] > 0 and f.parts["messages"] > 0
+    assert prints[1].used_bytes > prints[0].used_bytes
+    for title in ("Capture store write rate", "Capture store bytes per session"):
+        assert title in out
+    for column in ("rows/s", "commit p50 ms", "CPU ms/row", "used B/token", "request bodies", "canonical refs"):
+        assert column in out, column
