@@ -17,6 +17,7 @@ import queue
 import sqlite3
 import threading
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 import sqlite_utils
 
-from polar.capture.tokens import PrefixIndex, pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
+from polar.capture.tokens import PrefixIndex, as_ids, pack_logprobs, unpack_ids, unpack_logprobs
 
 SCHEMA: dict[str, Any] = {
     "id": int,
@@ -102,6 +103,7 @@ def _sql_values(row: dict[str, Any]) -> list[Any]:
             raise KeyError(f"unknown capture column {key!r}")
     return list(row.values())
 _EMPTY = np.zeros(0, dtype="<u4")
+_RECENT_SESSIONS = 256  # sessions whose last messages the writer keeps (memory: one history each)
 
 
 class CaptureStore:
@@ -112,6 +114,10 @@ class CaptureStore:
         self.prefixes = PrefixIndex()
         self._writer = None
         self._known_messages: dict[str, None] = {}  # insertion-ordered: a bounded memory of stored hashes
+        # Writer-thread state: each pending row's session, and each recent session's last messages with
+        # their hashes (a turn re-sends the whole history: unchanged messages are not re-serialised).
+        self._pending_sessions: dict[int, str] = {}
+        self._last_messages: OrderedDict[str, list[tuple[dict, str]]] = OrderedDict()
         if readonly:  # a reader beside a running proxy: no writer thread, no schema changes
             if not Path(self.path).exists():
                 raise FileNotFoundError(f"no capture database at {self.path}")
@@ -205,14 +211,15 @@ class CaptureStore:
         """Token columns for a call: the prompt as parent reference + suffix (linear storage)."""
         if not self.prefixes.knows(session):
             self._warm(session)
-        ref = self.prefixes.split(session, prompt_ids)
-        self.prefixes.remember(session, row_id, prompt_ids, completion_ids)
+        prompt, completion = as_ids(prompt_ids), as_ids(completion_ids)  # converted once, used thrice
+        ref = self.prefixes.split(session, prompt)
+        self.prefixes.remember(session, row_id, prompt, completion)
         return {
             "prompt_parent": ref.parent_id,
             "prompt_prefix_len": ref.prefix_len,
             "prompt_suffix": ref.suffix,
             "prompt_len": len(prompt_ids),
-            "completion_ids": pack_ids(completion_ids),
+            "completion_ids": completion.tobytes(),
             "completion_logprobs": pack_logprobs(logprobs),
             "completion_len": len(completion_ids),
         }
@@ -259,10 +266,11 @@ class CaptureStore:
                 for op, _ in work:
                     if op[0] == "insert":
                         row = _encode_body(op[1])
+                        self._pending_sessions[row["id"]] = row["session_id"]
                         conn.execute(f"INSERT INTO calls ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                                      _sql_values(row))
                     else:
-                        fields = self._encode_canonical(conn, op[2])
+                        fields = self._encode_canonical(conn, self._pending_sessions.pop(op[1], None), op[2])
                         conn.execute(f"UPDATE calls SET {', '.join(f'{k}=?' for k in fields)} WHERE id=?",
                                      [*_sql_values(fields), op[1]])
                 conn.execute("COMMIT")
@@ -270,6 +278,9 @@ class CaptureStore:
                 error = exc
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                # The rolled-back batch may have stored messages these memories now think are there.
+                self._known_messages.clear()
+                self._last_messages.clear()
             for _, fut in batch:
                 if error is None:
                     fut.set_result(None)
@@ -279,13 +290,18 @@ class CaptureStore:
                 conn.close()
                 return
 
-    def _encode_canonical(self, conn: sqlite3.Connection, fields: dict[str, Any]) -> dict[str, Any]:
+    def _encode_canonical(self, conn: sqlite3.Connection, session: str | None, fields: dict[str, Any]) -> dict[str, Any]:
         """Store the canonical request's messages content-addressed; keep references in the row."""
         canonical = fields.get("canonical")
         if not isinstance(canonical, dict):
             return fields
+        messages = canonical.get("messages", [])
+        last = self._last_messages.get(session, []) if session else []
         refs = []
-        for message in canonical.get("messages", []):
+        for i, message in enumerate(messages):
+            if i < len(last) and last[i][0] == message:  # a C-level comparison, no JSON encoding or hashing
+                refs.append(last[i][1])
+                continue
             body = json.dumps(message, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
             digest = hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
             if digest not in self._known_messages:
@@ -294,6 +310,11 @@ class CaptureStore:
                 if len(self._known_messages) > 200_000:
                     self._known_messages.pop(next(iter(self._known_messages)))
             refs.append(digest)
+        if session:
+            self._last_messages[session] = list(zip(messages, refs))
+            self._last_messages.move_to_end(session)
+            while len(self._last_messages) > _RECENT_SESSIONS:
+                self._last_messages.popitem(last=False)
         rest = {k: v for k, v in canonical.items() if k != "messages"}
         return {**fields, "canonical": json.dumps({**rest, "message_refs": refs}, ensure_ascii=False)}
 

@@ -8,6 +8,7 @@ over N tokens costs O(N) ids on disk, not O(T·N).
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -17,8 +18,16 @@ _IDS = np.dtype("<u4")
 _LOGPROBS = np.dtype("<f4")
 
 
+def as_ids(ids) -> np.ndarray:
+    """Token ids as a uint32 array. A Python list goes through array('I'): several times faster than
+    np.asarray, which checks each element's type (~3 ms for a 128k-token prompt)."""
+    if isinstance(ids, np.ndarray):
+        return ids.astype(_IDS, copy=False)
+    return np.frombuffer(array("I", ids), dtype=np.uintc).astype(_IDS, copy=False)
+
+
 def pack_ids(ids) -> bytes:
-    return np.asarray(ids, dtype=_IDS).tobytes()
+    return as_ids(ids).tobytes()
 
 
 def unpack_ids(blob: bytes | None) -> list[int]:
@@ -63,7 +72,7 @@ class PrefixIndex:
 
     def split(self, session: str, prompt_ids) -> PrefixRef:
         """How to store `prompt_ids`: the best parent in this session and the new suffix."""
-        prompt = np.asarray(prompt_ids, dtype=_IDS)
+        prompt = as_ids(prompt_ids)
         best_id, best_len = None, 0
         for call_id, seq in self._sessions.get(session, ()):
             shared = common_prefix_len(prompt, seq)
@@ -74,7 +83,7 @@ class PrefixIndex:
         return PrefixRef(best_id, best_len, prompt[best_len:].tobytes())
 
     def remember(self, session: str, call_id: int, prompt_ids, completion_ids) -> None:
-        seq = np.concatenate([np.asarray(prompt_ids, dtype=_IDS), np.asarray(completion_ids, dtype=_IDS)])
+        seq = np.concatenate([as_ids(prompt_ids), as_ids(completion_ids)])
         entries = self._sessions.pop(session, [])
         # A call that extends a remembered lineage replaces it; otherwise it starts a new one.
         entries = [(cid, s) for cid, s in entries if not (len(s) <= len(seq) and common_prefix_len(s, seq) == len(s))]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 
 import numpy as np
@@ -107,3 +108,36 @@ def test_wal_is_presized_so_commits_overwrite_instead_of_growing_it(tmp_path):
     store.close()
     CaptureStore(tmp_path / "c.db").close()  # reopening an existing store works and keeps its rows
     assert sqlite3.connect(tmp_path / "c.db").execute("SELECT count(*) FROM calls").fetchone()[0] == 300
+
+
+def test_canonical_messages_are_stored_once_and_read_back_exactly(tmp_path):
+    """A turn re-sends the whole history: each message is stored once, an edited one again, and every
+    row reads back its own conversation (also when sessions interleave)."""
+    store = CaptureStore(tmp_path / "c.db")
+
+    def msg(role: str, text: str) -> dict:
+        return {"role": role, "content": [{"type": "text", "text": text}]}
+
+    def call(session: str, messages: list[dict]) -> int:
+        row_id = store.allocate_id()
+        store.begin({"id": row_id, "call_id": f"c{row_id}", "session_id": session, "provider": "t", "status": "pending"})
+        asyncio.run(store.finish(row_id, {"status": "ok", "canonical": {"model": "m", "messages": messages}}))
+        return row_id
+
+    history = [msg("system", "be brief"), msg("user", "hi")]
+    sent = {}
+    for turn in range(4):
+        history = history + [msg("assistant", f"answer {turn}"), msg("user", f"more {turn}")]
+        sent[call("a", history)] = history
+        other = [msg("user", f"b {turn}")]  # another session in between
+        sent[call("b", other)] = other
+    edited = [msg("system", "be brief"), msg("user", "hi, edited"), *history[2:]]
+    sent[call("a", edited)] = edited
+
+    rows = {r["id"]: r for r in store.calls()}
+    assert {i: rows[i]["canonical"]["messages"] for i in sent} == sent
+    conn = sqlite3.connect(tmp_path / "c.db")
+    distinct = {json.dumps(m, sort_keys=True) for messages in sent.values() for m in messages}
+    assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == len(distinct)
+    conn.close()
+    store.close()
