@@ -710,8 +710,8 @@ def test_invalid_bodies(body, field):
 def test_code_assist_body_needs_request_and_model():
     route = provider.match("POST", "/v1internal:generateContent", {}, {})
     no_model = {"request": {"contents": [{"parts": [{"text": "x"}]}]}}
-    for body, field in [({"model": "m"}, "request"), (no_model, "model")]:
-        with pytest.raises(GatewayError, match=field):
+    for body, named in [({"model": "m"}, "request"), (no_model, "model")]:
+        with pytest.raises(GatewayError, match=named):
             provider.parse(route, body)
 
 

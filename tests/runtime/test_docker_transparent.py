@@ -190,7 +190,7 @@ def test_orphans_of_a_dead_polar_process_are_reaped(docker_client, node_image):
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that no longer runs
     owner = f"{__import__('socket').gethostname()}:{gone.pid}"
-    network = docker_client.networks.create("polar-orphan-test", internal=True, labels={OWNER: owner})
+    docker_client.networks.create("polar-orphan-test", internal=True, labels={OWNER: owner})
     container = docker_client.containers.create(node_image, ["sleep", "300"], network="polar-orphan-test",
                                                 labels={LABEL: "orphan", OWNER: owner})
     live = docker_client.containers.create(node_image, ["sleep", "300"],
