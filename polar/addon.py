@@ -16,7 +16,7 @@ from mitmproxy import contentviews, ctx, http
 from polar.capture.store import CaptureStore
 from polar.contentview import PolarContentview
 from polar.gateway import Gateway, GatewayRequest
-from polar.sessions import SessionRegistry
+from polar.sessions import REDACTED, SECRET_HEADERS, SessionRegistry
 from polar.upstream.vllm_chat import VLLMChat
 
 log = logging.getLogger("polar.addon")
@@ -111,6 +111,11 @@ class PolarAddon:
                 client_addr=peer[0] if peer else None,
             )
         )
+        # The key only identified the session. mitmweb lists flows and can save them: the flow keeps
+        # the headers redacted, as the capture store does (polar never sends them upstream).
+        for name in SECRET_HEADERS:
+            if name in req.headers:
+                req.headers[name] = REDACTED
         flow.response = http.Response.make(out.reply.status, out.reply.body, out.reply.headers)
         flow.metadata["polar"] = out.meta
         if "call_id" in out.meta:

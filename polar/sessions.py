@@ -24,6 +24,7 @@ from dataclasses import dataclass
 SESSION_HEADER = "x-polar-session"
 _PATH_PREFIX = re.compile(r"^/s/([A-Za-z0-9._:-]{1,128})(/.*)?$")
 # Headers that carry client credentials: read for identification, never stored or forwarded.
+REDACTED = "<redacted>"
 SECRET_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "api-key", "proxy-authorization", "cookie")
 
 
@@ -113,7 +114,7 @@ def client_key(headers: dict[str, str]) -> str | None:
 
 def redact(headers: dict[str, str]) -> dict[str, str]:
     """Headers safe to store: credentials replaced by a marker."""
-    return {k: ("<redacted>" if k.lower() in SECRET_HEADERS else v) for k, v in headers.items()}
+    return {k: (REDACTED if k.lower() in SECRET_HEADERS else v) for k, v in headers.items()}
 
 
 def _clean(session: str) -> str:

@@ -17,7 +17,8 @@ def test_mitmweb_lists_calls_with_polar_metadata(double_server, tmp_path):
                                         web_port=web_port, extra={"web_password": "polar-test"}))
     proxy.start()
     try:
-        resp = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"x-polar-session": "web-1"},
+        resp = httpx.post(f"{proxy.url}/v1/chat/completions",
+                          headers={"x-polar-session": "web-1", "authorization": "Bearer sk-harness-secret"},
                           json={"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
         assert resp.json()["choices"][0]["message"]["content"] == "seen in mitmweb"
         with httpx.Client(base_url=f"http://127.0.0.1:{web_port}", timeout=10) as web:
@@ -28,5 +29,11 @@ def test_mitmweb_lists_calls_with_polar_metadata(double_server, tmp_path):
         (flow,) = [f for f in flows if f["request"]["path"] == "/v1/chat/completions"]
         assert "session=web-1" in flow["comment"] and "provider=openai_chat" in flow["comment"]
         assert "completion_tokens=" in flow["comment"]
+        # The harness's key identified it and is gone: mitmweb shows (and would save) it redacted.
+        assert ["authorization", "<redacted>"] in flow["request"]["headers"]
+        with httpx.Client(base_url=f"http://127.0.0.1:{web_port}", timeout=10) as web:
+            web.get("/", params={"token": "polar-test"})
+            dumped = web.get("/flows/dump").content  # every flow, as `mitmweb` would save it
+        assert dumped and b"sk-harness-secret" not in dumped
     finally:
         proxy.stop()
