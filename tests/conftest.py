@@ -173,10 +173,13 @@ def main_job(docker_ready, tokenizer_dir, tmp_path_factory) -> MainJobRun:
     return MainJobRun(workdir, harness, samples, output)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
     """Debian's Chromium (scripts/setup_browser.sh), headless, driven by Playwright: no browser download.
-    POLAR_REQUIRE_BROWSER=1 turns its absence into a failure."""
+    POLAR_REQUIRE_BROWSER=1 turns its absence into a failure.
+
+    Module-scoped: Playwright's sync API runs an event loop on the test thread while it is started,
+    so `asyncio.run` fails in any test that runs meanwhile; it stops after the module's tests."""
     import shutil
 
     executable = os.environ.get("POLAR_CHROMIUM") or shutil.which("chromium")
