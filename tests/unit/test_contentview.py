@@ -12,7 +12,7 @@ import uuid
 
 import openai
 import pytest
-from mitmproxy import contentviews
+from mitmproxy import contentviews, ctx
 from mitmproxy.test import taddons, tflow
 
 from polar.capture.store import CaptureStore
@@ -41,8 +41,15 @@ def _flow(meta: dict | None):
 
 
 def _show(view: PolarContentview, flow) -> contentviews.ContentviewResult:
-    with taddons.context():
-        return contentviews.prettify_message(flow.response, flow, view_name="polar", registry=_registry(view))
+    # A test master replaces mitmproxy's module-global context; the in-process proxy of the `stack`
+    # fixture (shared by the whole test session) runs on the real one, so it is put back afterwards.
+    saved = {name: getattr(ctx, name) for name in ("master", "options", "log") if hasattr(ctx, name)}
+    try:
+        with taddons.context():
+            return contentviews.prettify_message(flow.response, flow, view_name="polar", registry=_registry(view))
+    finally:
+        for name, value in saved.items():
+            setattr(ctx, name, value)
 
 
 def _capture(store: CaptureStore, session: str, prompt: list[int], completion: list[int], logprobs: list[float],
