@@ -6,6 +6,7 @@ Rendered through mitmproxy's own `prettify_message`, the function mitmweb's cont
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import uuid
@@ -40,16 +41,22 @@ def _flow(meta: dict | None):
     return flow
 
 
-def _show(view: PolarContentview, flow) -> contentviews.ContentviewResult:
-    # A test master replaces mitmproxy's module-global context; the in-process proxy of the `stack`
-    # fixture (shared by the whole test session) runs on the real one, so it is put back afterwards.
+@contextlib.contextmanager
+def _test_master():
+    """mitmproxy's test context, undone afterwards: its Master rebinds mitmproxy's module-global
+    context, and the in-process proxy of the session-wide `stack` fixture runs on the real one."""
     saved = {name: getattr(ctx, name) for name in ("master", "options", "log") if hasattr(ctx, name)}
     try:
-        with taddons.context():
-            return contentviews.prettify_message(flow.response, flow, view_name="polar", registry=_registry(view))
+        with taddons.context() as context:
+            yield context
     finally:
         for name, value in saved.items():
             setattr(ctx, name, value)
+
+
+def _show(view: PolarContentview, flow) -> contentviews.ContentviewResult:
+    with _test_master():
+        return contentviews.prettify_message(flow.response, flow, view_name="polar", registry=_registry(view))
 
 
 def _capture(store: CaptureStore, session: str, prompt: list[int], completion: list[int], logprobs: list[float],
@@ -133,7 +140,7 @@ def test_other_flows_are_refused_with_a_reason(tmp_path):
     result = {"id": "x", "model": "tiny", "created": 0, "finish_reason": "stop"}
     row = _capture(store, "s", [1], [2], [-0.1], result)
     view = PolarContentview(lambda: _Gateway(store))
-    with taddons.context():
+    with _test_master():
         plain = _flow(None)
         side_call = _flow({"session": "s", "kind": "side-call"})
         ours = _flow({"row": row, "call_id": f"call-{row}"})
