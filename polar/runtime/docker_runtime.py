@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -63,6 +64,7 @@ SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 LABEL = "dev.polar.session"
 OWNER = "dev.polar.owner"  # "<host>:<pid>" of the process whose runtime made the container / network
 _OWNER = f"{socket.gethostname()}:{os.getpid()}"
+BRIDGE_OPTION = "com.docker.network.bridge.name"  # a session network's host interface, named by polar
 _TIMEOUT_EXIT_CODES = (124, 137)  # coreutils `timeout`: TERM'd, then KILL'd
 _KILL_GRACE_S = 5
 # A resolv.conf that names a server on the container's own loopback, where nothing listens: every
@@ -123,7 +125,7 @@ class DockerRuntime(Runtime):
             driver="bridge",
             internal=True,
             ipam=ipam,
-            options={"com.docker.network.bridge.enable_icc": "false", "com.docker.network.bridge.name": self.bridge},
+            options={"com.docker.network.bridge.enable_icc": "false", BRIDGE_OPTION: self.bridge},
             labels={"dev.polar": "1", OWNER: _OWNER},
         )
         self._network.reload()
@@ -207,6 +209,24 @@ class DockerRuntime(Runtime):
         self._exec_api.close()
 
 
+def _drop_input_rules(bridge: str | None = None) -> int:
+    """Delete the INPUT rules on `bridge`, or (None) on any polar bridge that no longer exists: a
+    process killed before `close()` leaves them behind. Returns how many were deleted."""
+    if shutil.which("iptables") is None:
+        return 0
+    listed = subprocess.run(["iptables", "-S", "INPUT"], capture_output=True, text=True)
+    dropped = 0
+    for line in listed.stdout.splitlines():
+        args = shlex.split(line)
+        if args[:2] != ["-A", "INPUT"] or args[2:3] != ["-i"] or len(args) < 4:
+            continue
+        iface = args[3]
+        gone = iface.startswith("polar") and not Path("/sys/class/net", iface).exists()
+        if iface == bridge or (bridge is None and gone):
+            dropped += subprocess.run(["iptables", "-D", *args[1:]], capture_output=True).returncode == 0
+    return dropped
+
+
 def reap_orphans(client: docker.DockerClient) -> int:
     """Remove the containers and networks left by polar processes of this host that died (a killed
     rollout server must not leave its sessions running). Returns how many were removed."""
@@ -236,7 +256,11 @@ def reap_orphans(client: docker.DockerClient) -> int:
                 network.remove()
                 removed += 1
             except docker.errors.APIError:  # still in use by a container of a live owner
-                pass
+                continue
+            bridge = (network.attrs.get("Options") or {}).get(BRIDGE_OPTION)
+            if bridge:  # the dead owner's host-port rules on that bridge (`restrict_host`)
+                _drop_input_rules(bridge)
+    _drop_input_rules()  # and rules on polar bridges already gone (their networks were removed)
     if removed:
         log.warning("removed %d containers/networks left by polar processes that died", removed)
     return removed

@@ -185,12 +185,19 @@ def test_orphans_of_a_dead_polar_process_are_reaped(docker_client, node_image):
     """A killed rollout server's containers and network go when the next runtime starts."""
     import subprocess
 
-    from polar.runtime.docker_runtime import LABEL, OWNER, reap_orphans
+    from polar.runtime.docker_runtime import BRIDGE_OPTION, LABEL, OWNER, reap_orphans
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that no longer runs
     owner = f"{__import__('socket').gethostname()}:{gone.pid}"
-    docker_client.networks.create("polar-orphan-test", internal=True, labels={OWNER: owner})
+    bridge = "polar-orphan0"  # with the host-port rules a restrict_host runtime puts on its bridge
+    docker_client.networks.create("polar-orphan-test", internal=True, labels={OWNER: owner},
+                                  options={BRIDGE_OPTION: bridge})
+    rules = [["-i", bridge, "-j", "REJECT"], ["-i", bridge, "-p", "tcp", "-m", "multiport", "--dports", "80,443",
+                                                 "-j", "ACCEPT"]]
+    gone_bridge = "polar0dead0"  # a rule left on a bridge whose network is already gone
+    for rule in [*rules, ["-i", gone_bridge, "-j", "REJECT"]]:
+        subprocess.run(["iptables", "-I", "INPUT", *rule], check=True)
     container = docker_client.containers.create(node_image, ["sleep", "300"], network="polar-orphan-test",
                                                 labels={LABEL: "orphan", OWNER: owner})
     live = docker_client.containers.create(node_image, ["sleep", "300"],
@@ -200,5 +207,7 @@ def test_orphans_of_a_dead_polar_process_are_reaped(docker_client, node_image):
         ids = {c.id for c in docker_client.containers.list(all=True)}
         assert container.id not in ids and live.id in ids  # pid 1 lives: its container stays
         assert not docker_client.networks.list(names=["polar-orphan-test"])
+        left = subprocess.run(["iptables", "-S", "INPUT"], capture_output=True, text=True).stdout
+        assert f"-i {bridge} " not in left and f"-i {gone_bridge} " not in left
     finally:
         live.remove(force=True)
