@@ -18,6 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.fuzz import drop, json_values, paths, replace
+
 TOOL_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
 # One rich, valid request per API: the mutations start from something every feature of which parses.
@@ -61,34 +63,7 @@ VALID: dict[str, tuple[str, dict[str, Any]]] = {
         ]}),
 }
 
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
-    max_leaves=12,
-)
-
-
-def _paths(value: Any, prefix: tuple = ()) -> list[tuple]:
-    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
-    return [prefix] + [p for key, child in children for p in _paths(child, (*prefix, key))]
-
-
-def _replace(value: Any, path: tuple, new: Any) -> Any:
-    if not path:
-        return new
-    copy = dict(value) if isinstance(value, dict) else list(value)
-    copy[path[0]] = _replace(value[path[0]], path[1:], new)
-    return copy
-
-
-def _drop(value: Any, path: tuple) -> Any:
-    if len(path) == 1:
-        copy = dict(value) if isinstance(value, dict) else list(value)
-        del copy[path[0]]
-        return copy
-    copy = dict(value) if isinstance(value, dict) else list(value)
-    copy[path[0]] = _drop(value[path[0]], path[1:])
-    return copy
+JSON = json_values(text=20, ints=st.integers(-2**40, 2**40))
 
 
 @st.composite
@@ -97,9 +72,9 @@ def mutated(draw, api: str) -> bytes:
     _, body = VALID[api]
     kind = draw(st.sampled_from(["replace", "replace", "drop", "json", "bytes"]))
     if kind == "replace":
-        return json.dumps(_replace(body, draw(st.sampled_from(_paths(body))), draw(JSON))).encode()
+        return json.dumps(replace(body, draw(st.sampled_from(paths(body))), draw(JSON))).encode()
     if kind == "drop":
-        return json.dumps(_drop(body, draw(st.sampled_from(_paths(body)[1:])))).encode()
+        return json.dumps(drop(body, draw(st.sampled_from(paths(body)[1:])))).encode()
     if kind == "json":
         return json.dumps(draw(JSON)).encode()
     return draw(st.binary(max_size=200))

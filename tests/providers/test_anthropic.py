@@ -33,6 +33,7 @@ from polar.errors import ErrorKind, GatewayError
 from polar.providers.anthropic import SKIPPED_TOOLS_KEY, THINKING_DISPLAY_KEY, AnthropicMessages
 from polar.providers.base import HttpReply, Route
 from polar.providers.reasoning_seal import seal, sign, unseal, verify
+from tests.support.fuzz import json_values, paths, replace
 
 PROVIDER = AnthropicMessages()
 MODEL = "claude-sonnet-test"
@@ -763,11 +764,7 @@ def test_documents_become_text() -> None:
 # ---------------------------------------------------------------------------------------------
 # fuzzing: whatever JSON arrives, parse answers with a ChatRequest or a clean invalid_request
 
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=8,
-)
+JSON = json_values(text=5, leaves=8, ints=st.integers(-3, 3))
 
 RICH = {
     "model": MODEL,
@@ -790,19 +787,6 @@ RICH = {
 }
 
 
-def _paths(value: Any, prefix: tuple = ()) -> list[tuple]:
-    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
-    return [prefix] + [p for key, child in children for p in _paths(child, (*prefix, key))]
-
-
-def _replace(value: Any, path: tuple, new: Any) -> Any:
-    if not path:
-        return new
-    copy = dict(value) if isinstance(value, dict) else list(value)
-    copy[path[0]] = _replace(value[path[0]], path[1:], new)
-    return copy
-
-
 def _parse_cleanly(body: Any) -> None:
     try:
         PROVIDER.parse(Route(PROVIDER, "generate"), body)
@@ -817,9 +801,9 @@ def test_fuzz_any_json(body: Any) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(_paths(RICH)), JSON)
+@given(st.sampled_from(paths(RICH)), JSON)
 def test_fuzz_one_field_replaced(path: tuple, new: Any) -> None:
-    _parse_cleanly(_replace(RICH, path, new))
+    _parse_cleanly(replace(RICH, path, new))
 
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.330.d9e; cc_entrypoint=sdk-cli; cc_prev_req=req_{}; cch=0a1b2;"

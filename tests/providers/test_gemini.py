@@ -25,6 +25,7 @@ from polar.canonical import ChatRequest, ChatResult, ImagePart, Reasoning, TextP
 from polar.errors import GatewayError
 from polar.providers.gemini import GeminiGenerate
 from polar.providers.reasoning_seal import seal
+from tests.support.fuzz import json_values
 
 provider = GeminiGenerate()
 MODEL = "gemini-2.5-flash"
@@ -715,17 +716,13 @@ def test_code_assist_body_needs_request_and_model():
             provider.parse(route, body)
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=12,
-)
+JSON = json_values(text=5, nan=True)
 part_keys = st.sampled_from(["text", "thought", "thoughtSignature", "functionCall", "functionResponse", "inlineData"])
-parts = st.lists(st.dictionaries(part_keys, json_values, max_size=3), max_size=3)
+parts = st.lists(st.dictionaries(part_keys, JSON, max_size=3), max_size=3)
 contents = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "model", 1]), "parts": parts}), max_size=3)
 bodies = st.fixed_dictionaries(
-    {"contents": contents | json_values},
-    optional={key: json_values for key in ("tools", "generationConfig", "toolConfig", "systemInstruction")},
+    {"contents": contents | JSON},
+    optional={key: JSON for key in ("tools", "generationConfig", "toolConfig", "systemInstruction")},
 )
 
 

@@ -20,6 +20,7 @@ from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, Reasoni
 from polar.errors import GatewayError
 from polar.providers.openai_chat import OpenAIChat
 from polar.providers.openai_common import pieces
+from tests.support.fuzz import json_values
 
 PROVIDER = OpenAIChat()
 ROUTE = PROVIDER.match("POST", "/v1/chat/completions", {}, {})
@@ -491,11 +492,7 @@ def test_invalid_requests_name_the_field(body, field):
     assert field in caught.value.message
 
 
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=12,
-)
+JSON = json_values()
 ROLES = st.sampled_from(["system", "developer", "user", "assistant", "tool", "x"])
 MESSAGE = st.fixed_dictionaries(
     {"role": ROLES},

@@ -19,6 +19,7 @@ from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, Reasoni
 from polar.errors import GatewayError
 from polar.providers.openai_responses import OpenAIResponses
 from polar.providers.reasoning_seal import seal
+from tests.support.fuzz import json_values
 
 PROVIDER = OpenAIResponses()
 GENERATE = PROVIDER.match("POST", "/v1/responses", {}, {})
@@ -601,11 +602,7 @@ def test_invalid_requests_name_the_field(body, field):
     assert field in caught.value.message
 
 
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=12,
-)
+JSON = json_values()
 ITEM_TYPES = st.sampled_from(
     [
         "message",
