@@ -14,10 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from polar.capture.store import CaptureStore
-from polar.rollout.tasks import SessionResult, SessionSpec
-
-ROLLOUT_TABLES = ("tasks", "sessions", "results")
-CAPTURE_TABLES = ("calls", "messages")
+from polar.rollout.tasks import SessionResult, harness_name
+from polar.sqlite_files import WrongDatabase, open_readonly
 
 
 class ExportError(ValueError):
@@ -36,22 +34,11 @@ class SessionRecord:
     harness: str | None  # the harness registry name, from the session's spec (None if the spec is gone)
 
 
-def _connect_readonly(path: Path, kind: str, tables: tuple[str, ...]) -> sqlite3.Connection:
-    if not path.exists():
-        raise SourceError(f"no {kind} at {path}")
-    if not path.is_file():
-        raise SourceError(f"{path} is not a file (expected a {kind})")
+def _connect_readonly(path: Path, kind: str) -> sqlite3.Connection:
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
-        present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    except sqlite3.DatabaseError as exc:
-        raise SourceError(f"{path} is not an SQLite database ({exc}); expected a {kind}") from None
-    missing = [t for t in tables if t not in present]
-    if missing:
-        conn.close()
-        raise SourceError(f"{path} is not a {kind}: it has no {', '.join(missing)} table"
-                          + ("s" if len(missing) > 1 else ""))
-    return conn
+        return open_readonly(path, kind)
+    except WrongDatabase as exc:
+        raise SourceError(str(exc)) from None
 
 
 class RolloutSource:
@@ -59,7 +46,7 @@ class RolloutSource:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.conn = _connect_readonly(self.path, "rollout state (rollout.db)", ROLLOUT_TABLES)
+        self.conn = _connect_readonly(self.path, "rollout state")
 
     def count(self, task_ids: set[str] | None = None) -> int:
         if not task_ids:
@@ -68,15 +55,10 @@ class RolloutSource:
         sql = f"SELECT count(*) FROM results WHERE task_id IN ({marks})"
         return self.conn.execute(sql, sorted(task_ids)).fetchone()[0]
 
-    def harnesses(self) -> dict[str, str]:
-        """Session id → harness name, from the specs the sessions ran."""
-        out = {}
-        for session_id, spec in self.conn.execute("SELECT session_id, spec FROM sessions"):
-            try:
-                out[session_id] = SessionSpec.model_validate_json(spec).task.harness.name
-            except ValueError:
-                continue  # a spec written by another polar version: the harness column stays empty
-        return out
+    def harnesses(self) -> dict[str, str | None]:
+        """Session id → harness name, from the specs the sessions ran (None for a spec it cannot read)."""
+        rows = self.conn.execute("SELECT session_id, spec FROM sessions")
+        return {session_id: harness_name(spec) for session_id, spec in rows}
 
     def records(self, task_ids: set[str] | None = None) -> Iterator[SessionRecord]:
         """Every stored result in completion order (drained or not)."""
@@ -100,7 +82,7 @@ class CaptureSource:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        _connect_readonly(self.path, "capture database (captures.db)", CAPTURE_TABLES).close()
+        _connect_readonly(self.path, "capture").close()
         self.store = CaptureStore(self.path, readonly=True)
         self._session: str | None = None
         self._rows: dict[int, dict[str, Any]] = {}

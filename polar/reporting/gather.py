@@ -9,7 +9,6 @@ session's calls are captured under `<session>.r<attempt>`, see SessionSpec.captu
 
 from __future__ import annotations
 
-import json
 import re
 import sqlite3
 from collections.abc import Iterable
@@ -20,13 +19,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from polar.capture.store import CaptureStore
-from polar.rollout.tasks import SessionResult
+from polar.rollout.tasks import SessionResult, harness_name
+from polar.sqlite_files import WrongDatabase, open_readonly
 from polar.trajectories.builders import by_session, is_failed, is_sample, prefix_merge
 from polar.trajectories.drift import Decoder, SessionDrift, drift_report
 from polar.trajectories.model import Trajectory
 
-_STATE_TABLES = {"results": {"seq", "session_id", "body"}, "sessions": {"session_id", "task_id", "stage", "spec"}}
-_CAPTURE_TABLES = {"calls": {"id", "session_id", "status", "prompt_len", "completion_len", "t_start", "t_end"}}
+_KINDS = {"state": "rollout state", "captures": "capture"}  # report input → polar.sqlite_files kind
 _RETRY = re.compile(r"\.r\d+$")
 
 
@@ -170,7 +169,7 @@ def _read_state(path: Path) -> list[SessionStats]:
         conn.close()
     out: dict[str, SessionStats] = {}
     for session_id, task_id, stage, spec in sessions:
-        out[session_id] = SessionStats(session_id, task_id=task_id, harness=_harness(spec), stage=stage)
+        out[session_id] = SessionStats(session_id, task_id=task_id, harness=harness_name(spec), stage=stage)
     for seq, body in results:
         try:
             result = SessionResult.model_validate_json(body)
@@ -180,14 +179,6 @@ def _read_state(path: Path) -> list[SessionStats]:
         stats.result = result
         stats.trajectories = list(result.trajectories)
     return list(out.values())
-
-
-def _harness(spec: str | None) -> str | None:
-    try:
-        harness = json.loads(spec or "null")["task"]["harness"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return harness.get("name") if isinstance(harness, dict) else None
 
 
 # -- the capture DB -------------------------------------------------------------------------------
@@ -224,33 +215,9 @@ def _attach_captures(sessions: dict[str, SessionStats], rows: Iterable[dict[str,
         owner[traj.session_id].trajectories.append(traj)
 
 
-# -- opening and checking a database ----------------------------------------------------------------
-
-
-_SOURCES = {"state": ("rollout state", _STATE_TABLES), "captures": ("capture", _CAPTURE_TABLES)}
-
-
 def _open(path: Path, source: str) -> sqlite3.Connection:
     """A read-only connection to `path`, once it is known to hold the source's tables (never creates anything)."""
-    what, tables = _SOURCES[source]
-    if not path.is_file():
-        raise ReportInputError(f"no {what} database at {path}", source)
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-        columns = _columns(conn)
-    except sqlite3.DatabaseError as exc:
-        raise ReportInputError(f"{path} is not a polar {what} database: {exc}", source) from None
-    missing = {t: cols - columns.get(t, set()) for t, cols in tables.items() if not cols <= columns.get(t, set())}
-    if not missing:
-        return conn
-    conn.close()
-    (other, other_tables), = (v for k, v in _SOURCES.items() if k != source)
-    if all(cols <= columns.get(t, set()) for t, cols in other_tables.items()):  # the two databases swapped
-        raise ReportInputError(f"{path} is not a polar {what} database; it is a {other} database", source)
-    listed = "; ".join(f"{t}({', '.join(sorted(cols))})" for t, cols in sorted(missing.items()))
-    raise ReportInputError(f"{path} is not a polar {what} database (missing: {listed})", source)
-
-
-def _columns(conn: sqlite3.Connection) -> dict[str, set[str]]:
-    names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-    return {name: {r[1] for r in conn.execute(f"PRAGMA table_info({json.dumps(name)})")} for name in names}
+        return open_readonly(path, _KINDS[source])
+    except WrongDatabase as exc:
+        raise ReportInputError(str(exc), source) from None

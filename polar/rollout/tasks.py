@@ -89,6 +89,16 @@ class SessionResult(_Model):
     node: str | None = None
 
 
+def harness_name(spec_json: str | None) -> str | None:
+    """The harness a stored SessionSpec (JSON) ran, read leniently: a spec another polar version
+    wrote still names it, and one that does not gives None."""
+    try:
+        harness = json.loads(spec_json or "null")["task"]["harness"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return harness.get("name") if isinstance(harness, dict) else None
+
+
 # Evaluator options that name host files: relative paths in a tasks file are relative to that file.
 # (A harness's `script` is a shell command, not a file.)
 _PATH_OPTIONS = ("hidden", "script")

@@ -72,7 +72,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
     out = tmp_path / "out"
 
     missing = run("--state", tmp_path / "nope.db", "--out", out)
-    assert missing.exit_code == 1 and "no rollout state (rollout.db) at" in missing.output
+    assert missing.exit_code == 1 and "no rollout state database at" in missing.output
     assert not (tmp_path / "nope.db").exists()  # nothing created on the way
 
     garbage = tmp_path / "garbage.db"
@@ -83,10 +83,9 @@ def test_bad_input_is_a_clear_error(tmp_path):
     other = tmp_path / "other.db"
     sqlite3.connect(other).execute("CREATE TABLE calls (id INTEGER)").connection.commit()
     wrong = run("--state", other, "--out", out)
-    assert wrong.exit_code == 1 and "is not a rollout state (rollout.db): it has no tasks, sessions, results tables" \
-        in wrong.output
+    assert wrong.exit_code == 1 and "is not a polar rollout state database (missing: results(" in wrong.output
     swapped = run("--state", state, "--captures", state, "--out", out)
-    assert swapped.exit_code == 1 and "is not a capture database (captures.db): it has no calls, messages tables" \
+    assert swapped.exit_code == 1 and "is not a polar capture database; it is a rollout state database" \
         in swapped.output
 
     a_file = tmp_path / "file"
