@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections import deque
-from typing import Any
 
 import httpx
 
+from polar.rollout.client import STREAM_TIMEOUT, auth_headers, result_line, tasks_body
 from polar.rollout.tasks import SessionResult, TaskSpec
 
 
@@ -35,8 +34,7 @@ class RolloutServiceError(RuntimeError):
 class RolloutLink:
     def __init__(self, url: str, token: str | None = None, timeout: float = 60.0, ack: bool = True):
         self.url = url.rstrip("/")
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
+        self.http = httpx.AsyncClient(base_url=self.url, headers=auth_headers(token), timeout=timeout)
         self.ack = ack
         self.last_stream_error: Exception | None = None  # why the follower last had to reconnect
         self.last_ack_error: Exception | None = None
@@ -54,7 +52,7 @@ class RolloutLink:
         self._unfinished[task.id] = task.samples  # before the POST: its first result may come at once
         self._start_following()
         try:
-            reply = await self.http.post("/tasks", json={"tasks": [task.model_dump(mode="json")]})
+            reply = await self.http.post("/tasks", json=tasks_body([task]))
         except httpx.HTTPError as exc:
             self._unfinished.pop(task.id, None)
             raise RolloutServiceError(f"the rollout service at {self.url} cannot be reached: {exc}") from exc
@@ -121,15 +119,13 @@ class RolloutLink:
 
     async def _read_stream(self) -> None:
         params = {"after": self._after, "follow": 1}
-        async with self.http.stream("GET", "/results", params=params,
-                                    timeout=httpx.Timeout(None, connect=10)) as reply:
+        async with self.http.stream("GET", "/results", params=params, timeout=STREAM_TIMEOUT) as reply:
             if reply.status_code >= 400:
                 raise RolloutServiceError(f"GET /results: {reply.status_code} {(await reply.aread()).decode()}")
             async for line in reply.aiter_lines():
-                item: dict[str, Any] = json.loads(line) if line.strip() else {}
-                if "seq" in item:  # else a heartbeat
-                    self._after = max(self._after, item["seq"])
-                    self._route(item["seq"], SessionResult.model_validate(item["result"]))
+                if (item := result_line(line)) is not None:  # else a heartbeat
+                    self._after = max(self._after, item[0])
+                    self._route(*item)
 
     def _route(self, seq: int, result: SessionResult) -> None:
         left = self._unfinished.get(result.task_id)

@@ -12,14 +12,31 @@ import httpx
 from polar.rollout.tasks import SessionResult, TaskSpec
 
 DEFAULT_URL = "http://127.0.0.1:8090"
+STREAM_TIMEOUT = httpx.Timeout(None, connect=10)  # the result stream stays open between results
+
+
+# -- the wire format, shared with asynchronous clients (polar/adapters/rollout_link.py) -------------
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def tasks_body(tasks: list[TaskSpec | dict[str, Any]]) -> dict[str, Any]:
+    return {"tasks": [t.model_dump(mode="json") if isinstance(t, TaskSpec) else t for t in tasks]}
+
+
+def result_line(line: str) -> tuple[int, SessionResult] | None:
+    """One line of the /results stream: (seq, result), or None for a heartbeat."""
+    item = json.loads(line) if line.strip() else {}
+    return (item["seq"], SessionResult.model_validate(item["result"])) if "seq" in item else None
 
 
 class RolloutClient:
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 60.0):
         self.url = (url or os.environ.get("POLAR_ROLLOUT_URL") or DEFAULT_URL).rstrip("/")
         token = token or os.environ.get("POLAR_ROLLOUT_TOKEN")
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self.http = httpx.Client(base_url=self.url, headers=auth_headers(token), timeout=timeout)
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:
         reply = self.http.request(method, path, **kw)
@@ -28,24 +45,22 @@ class RolloutClient:
         return reply.json()
 
     def submit(self, tasks: list[TaskSpec | dict[str, Any]]) -> list[dict[str, Any]]:
-        body = [t.model_dump(mode="json") if isinstance(t, TaskSpec) else t for t in tasks]
-        return self._call("POST", "/tasks", json={"tasks": body})["accepted"]
+        return self._call("POST", "/tasks", json=tasks_body(tasks))["accepted"]
 
     def results(self, after: int = 0, follow: bool = True, ack: bool = True,
                 include_drained: bool = False) -> Iterator[tuple[int, SessionResult]]:
         """Finished sessions as they finish. With `ack`, each result is acknowledged once the loop
         body has had it, so a result a crashed trainer never processed is served again."""
         params = {"after": after, "follow": int(follow), "all": int(include_drained)}
-        with self.http.stream("GET", "/results", params=params, timeout=httpx.Timeout(None, connect=10)) as reply:
+        with self.http.stream("GET", "/results", params=params, timeout=STREAM_TIMEOUT) as reply:
             if reply.status_code >= 400:
                 raise RuntimeError(f"GET /results: {reply.status_code} {reply.read().decode()}")
             for line in reply.iter_lines():
-                item = json.loads(line) if line.strip() else {}
-                if "seq" not in item:
-                    continue  # heartbeat
-                yield item["seq"], SessionResult.model_validate(item["result"])
+                if (item := result_line(line)) is None:
+                    continue
+                yield item
                 if ack:
-                    self.ack([item["seq"]])
+                    self.ack([item[0]])
 
     def ack(self, seqs: list[int]) -> int:
         return self._call("POST", "/results/ack", json={"seqs": seqs})["acked"]
