@@ -1,8 +1,8 @@
 """mitmproxy entry script: `mitmdump -s addons/polar_gateway.py --set polar_upstream=http://127.0.0.1:8000`.
 
-Thin on purpose: all behaviour lives in `polar.addon.PolarAddon`, which `polar proxy` also runs.
+Thin on purpose: all behaviour lives in `polar.mitm.addon.PolarAddon`, which `polar proxy` also runs.
 """
 
-from polar.addon import PolarAddon
+from polar.mitm.addon import PolarAddon
 
 addons = [PolarAddon()]

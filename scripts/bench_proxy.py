@@ -42,7 +42,7 @@ from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from polar.proxy import free_port  # noqa: E402
+from polar.mitm.proxy import free_port  # noqa: E402
 
 CACHE = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))
 DEFAULT_TOKENIZER = CACHE / "models" / "qwen35-tiny"

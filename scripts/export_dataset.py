@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from polar.cli_export import export  # noqa: E402
+from polar.cli.export import export  # noqa: E402
 
 if __name__ == "__main__":
     export(prog_name="export_dataset.py")

@@ -83,7 +83,7 @@ def double_server(tokenizer_dir):
 @pytest.fixture(scope="session")
 def stack(double_server, tokenizer_dir, tmp_path_factory):
     """polar in-process, token-faithful (the default when a tokenizer is configured)."""
-    from polar.proxy import BackgroundProxy, ProxyConfig, free_port
+    from polar.mitm.proxy import BackgroundProxy, ProxyConfig, free_port
 
     double, upstream_url = double_server
     db = tmp_path_factory.mktemp("captures") / "captures.db"
@@ -97,7 +97,7 @@ def stack(double_server, tokenizer_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def chat_stack(double_server, tmp_path_factory):
     """polar as a subprocess in chat-template mode (vLLM renders the prompt), same double."""
-    from polar.proxy import ProxyConfig, SubprocessProxy, free_port
+    from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 
     double, upstream_url = double_server
     db = tmp_path_factory.mktemp("captures-chat") / "captures.db"
@@ -164,7 +164,7 @@ def main_job(docker_ready, tokenizer_dir, tmp_path_factory) -> MainJobRun:
     (this test process may already hold the shared `stack` one)."""
     workdir = tmp_path_factory.mktemp("main-job")
     harness, samples = "claude_code", 2  # the default of `polar demo`, and the fastest CLI to start
-    argv = [sys.executable, "-m", "polar.demo", "--harness", harness, "--samples", str(samples),
+    argv = [sys.executable, "-m", "polar.cli.demo", "--harness", harness, "--samples", str(samples),
             "--workdir", str(workdir), "--tokenizer", str(tokenizer_dir)]
     done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "COLUMNS": "160"})

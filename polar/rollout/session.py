@@ -34,7 +34,7 @@ _GIT = ["git", "-c", "user.email=rollout@polar.invalid", "-c", "user.name=polar"
 
 
 class SessionKeys(Protocol):
-    """Per-session API keys the gateway binds to their session (polar.sessions.SessionRegistry)."""
+    """Per-session API keys the gateway binds to their session (polar.sessions.identity.SessionRegistry)."""
 
     def register_key(self, key: str, session: str) -> None: ...
 
@@ -62,8 +62,8 @@ def embedded_gateway(upstream: str, db: str, port: int, upstream_model: str = ""
     HTTPS_PROXY. `docker` (optional): transparent listeners on the session network's gateway, so
     calls to the providers' own hosts land in polar and are attributed by container address.
     Returns the proxy (stop it when done) and the node's environment."""
-    from polar.proxy import BackgroundProxy, ProxyConfig, free_port
-    from polar.transparent import add_listeners, ca_cert_path, transparent_modes
+    from polar.mitm.proxy import BackgroundProxy, ProxyConfig, free_port
+    from polar.mitm.transparent import add_listeners, ca_cert_path, transparent_modes
 
     proxy = BackgroundProxy(ProxyConfig(upstream=upstream, db=db, port=port or free_port(),
                                         upstream_model=upstream_model, tokenizer=tokenizer))

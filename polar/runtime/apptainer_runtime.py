@@ -158,7 +158,7 @@ class ApptainerRuntime(Runtime):
 
         self.client = get_client(quiet=True)
         self.addresses = addresses
-        self.gateway_ip = gateway_ip  # polar listens here: `polar.transparent.with_transparent(cfg, rt.gateway_ip)`
+        self.gateway_ip = gateway_ip  # polar listens here: `polar.mitm.transparent.with_transparent(cfg, rt.gateway_ip)`
         self.network = network
         self.fakeroot = fakeroot
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="polar-apptainer-"))

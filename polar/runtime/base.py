@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from polar.transparent import PROVIDER_HOSTS
+from polar.mitm.transparent import PROVIDER_HOSTS
 
 
 class RuntimeUnavailable(RuntimeError):

@@ -3,7 +3,7 @@
 Network design: one `--internal` bridge network per runtime (that is, per polar run), one
 container per session, the session known by the container's IP on that network.
   - `--internal`: the network has no route out; the host side of the bridge (the gateway IP) is
-    the only address a container can reach, and polar listens there (`polar.transparent`).
+    the only address a container can reach, and polar listens there (`polar.mitm.transparent`).
   - one network, not one per session: polar listens on a single address, parallel sessions cost
     nothing extra, and a container's IP is as good a session key as a network would be — it is
     assigned by Docker, and the container cannot change it (no NET_ADMIN; NET_RAW is dropped too).
@@ -18,7 +18,7 @@ Trust: polar's CA *certificate* is added to the image's system store in a small 
 TLS stack at it. The key never leaves polar's confdir.
 
     runtime = DockerRuntime(addresses=proxy.addon.gateway.registry)     # proxy: a running BackgroundProxy
-    add_listeners(transparent_modes(runtime.gateway_ip))                # polar.transparent
+    add_listeners(transparent_modes(runtime.gateway_ip))                # polar.mitm.transparent
     spec = SandboxSpec(image=node_image(runtime.client), session="run-17", ca_cert=ca_cert_path())
     with runtime.start(spec) as box:
         box.exec("claude -p 'fix the failing test'", timeout=1800)

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from polar.capture.store import CaptureStore
-from polar.proxy import free_port
+from polar.mitm.proxy import free_port
 from polar.rollout.state import RolloutState
 
 REPO = Path(__file__).resolve().parents[2]

@@ -67,7 +67,7 @@ def load(out, kind: str, fmt: str, tmp_path):
 
 
 def test_the_main_job_ran_token_faithful_on_the_project_template(main_job, tokenizer_dir):
-    # polar's gateway builds prompts with ChatTemplate.from_dir(tokenizer) (polar/addon.py: token_faithful):
+    # polar's gateway builds prompts with ChatTemplate.from_dir(tokenizer) (polar/mitm/addon.py: token_faithful):
     # the tokenizer dir's own template, which scripts/build_tiny_model.py copies from the project's file
     assert ChatTemplate.from_dir(tokenizer_dir).template_text == PROJECT_TEMPLATE.read_text()
     store = CaptureStore(main_job.captures, readonly=True)

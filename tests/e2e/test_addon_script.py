@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from polar.capture.store import CaptureStore
-from polar.proxy import free_port
+from polar.mitm.proxy import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from polar.capture.store import CaptureStore
-from polar.proxy import ProxyConfig, SubprocessProxy, free_port
+from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 
 PATHS = {
     "anthropic": "/v1/messages",

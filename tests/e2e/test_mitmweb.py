@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from polar.proxy import ProxyConfig, SubprocessProxy, free_port
+from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 
 
 def test_mitmweb_lists_calls_with_polar_metadata(double_server, tmp_path):

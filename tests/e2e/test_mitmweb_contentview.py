@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from polar.capture.store import CaptureStore
-from polar.contentview import LOW_MARK
-from polar.proxy import ProxyConfig, SubprocessProxy, free_port
+from polar.mitm.contentview import LOW_MARK
+from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 from polar.trajectories.builders import prefix_merge
 
 WEB_TOKEN = "polar-view-test"

@@ -13,7 +13,7 @@ import uuid
 import httpx
 
 from polar.capture.store import CaptureStore
-from polar.proxy import ProxyConfig, SubprocessProxy, free_port
+from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 
 BODY = {"model": "claude-x", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
 

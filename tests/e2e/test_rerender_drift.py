@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from polar.doubles.scripted_vllm import BackgroundServer, ScriptedVLLM
-from polar.proxy import ProxyConfig, SubprocessProxy, free_port
+from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 from polar.trajectories.builders import prefix_merge
 from polar.trajectories.drift import drift_report
 from tests.e2e.sessions import drive_chat

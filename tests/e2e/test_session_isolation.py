@@ -21,7 +21,7 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
-from polar.sessions import SESSION_HEADER
+from polar.sessions.identity import SESSION_HEADER
 
 ANSWER = "isolated answer"
 

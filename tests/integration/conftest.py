@@ -52,7 +52,7 @@ def start_polar(tmp_path_factory, model_dir) -> Iterator[Callable[[str, str], Po
 
     Subprocesses, because mitmproxy allows one in-process proxy per Python process.
     """
-    from polar.proxy import ProxyConfig, SubprocessProxy, free_port
+    from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 
     started: list[SubprocessProxy] = []
 

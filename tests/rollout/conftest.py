@@ -11,7 +11,7 @@ from polar.rollout.node import GatewayNode, NodeConfig
 from polar.rollout.session import NodeEnv, SessionPhases
 from polar.rollout.tasks import SessionResult, SessionSpec, TaskSpec
 from polar.runtime.local import LocalRuntime
-from polar.transparent import ca_cert_path
+from polar.mitm.transparent import ca_cert_path
 
 TASKS = Path(__file__).resolve().parents[2] / "data" / "tasks"
 
@@ -54,7 +54,7 @@ class ApiServer:
 
         import uvicorn
 
-        from polar.proxy import free_port
+        from polar.mitm.proxy import free_port
         from polar.rollout.server import create_app
         from polar.rollout.service import LocalNode, RolloutService
         from polar.rollout.simulate import SimulatedPhases

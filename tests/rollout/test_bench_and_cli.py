@@ -8,7 +8,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from polar.cli_rollout import submit
+from polar.cli.rollout import submit
 from tests.rollout.conftest import ApiServer
 
 REPO = Path(__file__).resolve().parents[2]

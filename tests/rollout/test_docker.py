@@ -21,7 +21,7 @@ def docker_env(stack, node_env):
     from polar.runtime.base import RuntimeUnavailable
     from polar.runtime.docker_runtime import DockerRuntime, connect
     from polar.runtime.images import node_image
-    from polar.transparent import add_listeners, remove_listeners, transparent_modes
+    from polar.mitm.transparent import add_listeners, remove_listeners, transparent_modes
 
     try:
         client = connect()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from polar.capture.store import CaptureStore
-from polar.demo import TASKS, demo_tasks, scripted_rule
+from polar.cli.demo import TASKS, demo_tasks, scripted_rule
 from polar.harnesses import get
 from polar.rollout.state import RolloutState
 

@@ -100,7 +100,7 @@ def test_cli_serves_with_ray_node_actors(tmp_path):
     import sys
     import time
 
-    from polar.proxy import free_port
+    from polar.mitm.proxy import free_port
     from polar.rollout.client import RolloutClient
     from polar.rollout.tasks import TaskSpec
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from polar.cli_rollout import status as status_command
-from polar.proxy import free_port
+from polar.cli.rollout import status as status_command
+from polar.mitm.proxy import free_port
 from polar.rollout.client import RolloutClient
 from polar.rollout.server import check_binding
 from polar.rollout.state import RolloutState
@@ -87,7 +87,7 @@ def test_beyond_loopback_needs_a_token(tmp_path):
 
 
 def start_cli_server(state: str, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "polar.cli_rollout", "rollout", "serve", "--simulate", "0.01",
+    proc = subprocess.Popen([sys.executable, "-m", "polar.cli.rollout", "rollout", "serve", "--simulate", "0.01",
                              "--state", state, "--port", str(port), "--running", "2"], stdout=subprocess.DEVNULL)
     client = RolloutClient(f"http://127.0.0.1:{port}")
     for _ in range(300):

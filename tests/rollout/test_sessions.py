@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from click.testing import CliRunner
 
-from polar.cli_rollout import export
+from polar.cli.rollout import export
 from polar.rollout.node import GatewayNode, NodeConfig
 from polar.rollout.service import LocalNode, RolloutService
 from polar.rollout.session import SessionPhases

@@ -20,8 +20,8 @@ from polar.runtime.apptainer_runtime import (
     instance_options,
     write_sandbox_files,
 )
-from polar.sessions import SessionRegistry
-from polar.transparent import PROVIDER_HOSTS, ensure_ca
+from polar.sessions.identity import SessionRegistry
+from polar.mitm.transparent import PROVIDER_HOSTS, ensure_ca
 
 # A STAND-IN for the Apptainer CLI, used only because the real one cannot be installed here: it
 # records every call (arguments separated by \x1f) and answers the way `apptainer` does.

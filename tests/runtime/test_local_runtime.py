@@ -10,7 +10,7 @@ import pytest
 
 from polar.runtime import Mount, SandboxSpec
 from polar.runtime.local import LocalRuntime
-from polar.transparent import add_listeners, ca_cert_path, remove_listeners
+from polar.mitm.transparent import add_listeners, ca_cert_path, remove_listeners
 
 OPENAI_SDK_CALL = """
 import openai
@@ -23,7 +23,7 @@ print(reply.choices[0].message.content)
 @pytest.fixture(scope="module")
 def regular_proxy(stack):
     """The session's in-process polar, plus an explicit-proxy (regular mode) listener."""
-    from polar.proxy import free_port
+    from polar.mitm.proxy import free_port
 
     spec = f"regular@127.0.0.1:{free_port()}"
     add_listeners([spec])

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from polar.cli_trajectories import trajectories as trajectories_cmd
+from polar.cli.trajectories import trajectories as trajectories_cmd
 from polar.trajectories import Trajectory, prefix_merge
 from polar.trajectories.io import read, read_jsonl, read_parquet, write, write_jsonl, write_parquet
 from tests.trajectories.crafted import conversation

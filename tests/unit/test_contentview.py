@@ -17,7 +17,7 @@ from mitmproxy import contentviews, ctx
 from mitmproxy.test import taddons, tflow
 
 from polar.capture.store import CaptureStore
-from polar.contentview import LOW_MARK, PolarContentview
+from polar.mitm.contentview import LOW_MARK, PolarContentview
 
 
 class _Gateway:

@@ -1,6 +1,6 @@
 """Session identification and secret handling."""
 
-from polar.sessions import SessionRegistry, client_key, redact
+from polar.sessions.identity import SessionRegistry, client_key, redact
 
 
 def test_resolution_order():

@@ -23,9 +23,9 @@ from polar.canonical import ChatRequest, ChatResult, Message, TextPart
 from polar.capture.store import CaptureStore
 from polar.errors import GatewayError
 from polar.providers.base import HttpReply, Provider, Route
-from polar.sessions import Identity, SessionRegistry, redact
+from polar.sessions.identity import Identity, SessionRegistry, redact
 
-log = logging.getLogger("polar.gateway")
+log = logging.getLogger("polar.gateway.pipeline")
 
 # Bodies above this are stored truncated (the call is still recorded, with its error).
 STORED_BODY_LIMIT = 8 * 1024 * 1024

@@ -1,26 +1,18 @@
-"""`polar …` — a thin click layer over the library (the addon, the double, the store)."""
+"""`polar proxy`, `polar double`, `polar captures`: run the gateway, the scripted double, list captures."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 from pathlib import Path
 
 import click
 
-DEFAULT_CACHE = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))
-DEFAULT_TOKENIZER = DEFAULT_CACHE / "models" / "qwen35-tiny"
+from polar.cli.paths import DEFAULT_TOKENIZER
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="polar")
-def main() -> None:
-    """polar: capture token-level truth from unchanged agent harnesses, in front of vLLM."""
-
-
-@main.command()
+@click.command()
 @click.option("--upstream", default="http://127.0.0.1:8000", show_default=True, help="vLLM base URL.")
 @click.option("--upstream-model", default="", help="Served model name (default: ask the upstream).")
 @click.option("--tokenizer", default="", help="Tokenizer dir of the served model: turns on token-faithful prompts.")
@@ -36,7 +28,7 @@ def main() -> None:
 @click.option("--set", "sets", multiple=True, metavar="OPTION=VALUE", help="Any further mitmproxy or polar_* option.")
 def proxy(upstream, upstream_model, tokenizer, db, mode, host, port, web, web_port, sets) -> None:
     """Run the gateway: mitmproxy + the polar addon in front of a vLLM server."""
-    from polar.proxy import ProxyConfig, serve
+    from polar.mitm.proxy import ProxyConfig, serve
 
     extra = {}
     for item in sets:
@@ -55,7 +47,7 @@ def proxy(upstream, upstream_model, tokenizer, db, mode, host, port, web, web_po
     asyncio.run(serve(config))
 
 
-@main.command()
+@click.command()
 @click.option("--tokenizer", "tokenizer_dir", default=str(DEFAULT_TOKENIZER), show_default=True,
               type=click.Path(exists=True, file_okay=False), help="Hugging Face tokenizer directory (with chat template).")
 @click.option("--model-name", default="polar-tiny", show_default=True, help="Served model name.")
@@ -74,14 +66,14 @@ def double(tokenizer_dir, model_name, script_path, host, port, max_model_len) ->
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
-@main.command()
+@click.command()
 @click.option("--db", default="captures.db", show_default=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--session", help="Only this session.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per call, with token ids.")
 def captures(db, session, as_json) -> None:
     """List captured model calls."""
     from polar.capture.store import CaptureStore
-    from polar.report import captures_table
+    from polar.reporting.table import captures_table
 
     store = CaptureStore(db, readonly=True)
     try:
@@ -93,28 +85,3 @@ def captures(db, session, as_json) -> None:
             captures_table(store.calls(session=session, with_tokens=False))
     finally:
         store.close()
-
-
-from polar.cli_trajectories import trajectories  # noqa: E402  (its own module: one command, one job)
-
-main.add_command(trajectories)
-
-from polar.demo import demo  # noqa: E402  (the main job: rollout of the shipped tasks)
-
-main.add_command(demo)
-
-from polar.cli_rollout import rollout, submit  # noqa: E402
-
-main.add_command(rollout)
-main.add_command(submit)
-
-from polar.cli_export import export  # noqa: E402  (datasets from a rollout run)
-
-main.add_command(export)
-
-from polar.cli_report import report  # noqa: E402
-
-main.add_command(report)
-
-if __name__ == "__main__":
-    main()

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from polar.addon import PolarAddon
+from polar.mitm.addon import PolarAddon
 
 
 @dataclass

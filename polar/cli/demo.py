@@ -29,8 +29,8 @@ from rich.table import Table
 from polar.capture.store import CaptureStore
 from polar.doubles.scripted_vllm import BackgroundServer, Script, ScriptedVLLM
 from polar.harnesses import HARNESSES, Harness, get
-from polar.proxy import BackgroundProxy, ProxyConfig, free_port
-from polar.report import captures_table
+from polar.mitm.proxy import BackgroundProxy, ProxyConfig, free_port
+from polar.reporting.table import captures_table
 from polar.rollout.tasks import Named, SessionResult, TaskSpec, load_tasks
 from polar.trajectories.builders import prefix_merge
 
@@ -304,7 +304,7 @@ def _gemini(url: str, session: str) -> str:
 @click.option("--sdk-tour", is_flag=True, help="Instead: the four provider APIs through polar with their SDKs.")
 def demo(workdir, tokenizer_dir, harness, runtime, samples, tasks_path, sdk_tour) -> None:
     """The main job: shipped tasks → rollout service → a real CLI in Docker → scored trajectories."""
-    from polar.cli import DEFAULT_CACHE, DEFAULT_TOKENIZER
+    from polar.cli.paths import DEFAULT_CACHE, DEFAULT_TOKENIZER
 
     workdir = Path(workdir or DEFAULT_CACHE / "demo")
     tokenizer_dir = Path(tokenizer_dir or DEFAULT_TOKENIZER)
@@ -319,5 +319,5 @@ def demo(workdir, tokenizer_dir, harness, runtime, samples, tasks_path, sdk_tour
         raise click.ClickException(f"{len(unsolved)} sessions not solved: {', '.join(unsolved)}")
 
 
-if __name__ == "__main__":  # `python -m polar.demo` (scripts/demo, tests)
+if __name__ == "__main__":  # `python -m polar.cli.demo` (scripts/demo, tests)
     demo()

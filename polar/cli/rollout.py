@@ -231,7 +231,7 @@ def summary_table(results: list[SessionResult]):
     return table
 
 
-def main() -> None:  # `python -m polar.cli_rollout …` (tests, before the lead registers the commands)
+def main() -> None:  # `python -m polar.cli.rollout …` (tests, before the lead registers the commands)
     group = click.Group(commands={"rollout": rollout, "submit": submit})
     group(prog_name="polar", auto_envvar_prefix=None)
 

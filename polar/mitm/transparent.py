@@ -20,7 +20,7 @@ import socket
 import time
 from pathlib import Path
 
-from polar.proxy import ProxyConfig
+from polar.mitm.proxy import ProxyConfig
 
 # Hosts whose model APIs polar answers (wire/clis.md): the harnesses' default endpoints.
 PROVIDER_HOSTS: tuple[str, ...] = (

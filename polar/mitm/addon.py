@@ -3,7 +3,7 @@
 Configured entirely through mitmproxy options (`--set polar_upstream=…`), so `mitmdump -s
 addons/polar_gateway.py`, `mitmweb -s …` and `polar proxy` run the very same code. Flows carry
 the session, provider and token counts (`flow.metadata["polar"]`, the flow comment) so mitmweb
-shows them; its "polar" contentview (polar/contentview.py) shows a call's capture in full.
+shows them; its "polar" contentview (polar/mitm/contentview.py) shows a call's capture in full.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from mitmproxy import contentviews, ctx, http
 
 from polar.capture.store import CaptureStore
-from polar.contentview import PolarContentview
-from polar.gateway import Gateway, GatewayRequest
-from polar.sessions import REDACTED, SECRET_HEADERS, SessionRegistry
+from polar.mitm.contentview import PolarContentview
+from polar.gateway.pipeline import Gateway, GatewayRequest
+from polar.sessions.identity import REDACTED, SECRET_HEADERS, SessionRegistry
 from polar.upstream.vllm_chat import VLLMChat
 
-log = logging.getLogger("polar.addon")
+log = logging.getLogger("polar.mitm.addon")
 
 _GATEWAY_OPTIONS = {
     "polar_upstream", "polar_upstream_model", "polar_upstream_key", "polar_upstream_timeout",

@@ -1,0 +1,5 @@
+"""`python -m polar.cli …` (subprocess tests, the benchmarks)."""
+
+from polar.cli import main
+
+main()

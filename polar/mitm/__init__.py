@@ -1,0 +1,1 @@
+"""mitmproxy integration: the addon, the polar contentview, running the proxy, transparent mode."""

@@ -1,0 +1,1 @@
+"""Sessions: which session a call belongs to, and what polar keeps per session."""
