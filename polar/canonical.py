@@ -147,7 +147,8 @@ class ChatResult(_Model):
     usage: Usage = Field(default_factory=Usage)
     prompt_token_ids: list[int] = Field(default_factory=list)
     completion_token_ids: list[int] = Field(default_factory=list)
-    completion_logprobs: list[float] = Field(default_factory=list)
+    # None when the upstream gave no logprob for some sampled token (never invented).
+    completion_logprobs: list[float] | None = Field(default_factory=list)
     # Weight version that produced the sample, when the upstream reports one.
     policy_version: int | str | None = None
     # How the prompt ids were built: "chat-template" (vLLM rendered it), "token-faithful",

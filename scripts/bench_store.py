@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark: the capture store's write rate under concurrent sessions, and its bytes per session.
 
-write rate — 1, 16 … 256 sessions at once write their calls through a real CaptureStore
-  (polar/capture/store.py) exactly as the gateway does: allocate an id, begin() the pending row,
+write rate — 1, 16 … 256 sessions at once write their calls through a real CaptureWriter
+  (polar/capture/writer.py) exactly as the gateway does: start() the pending row,
   then finish() the completion (raw body, canonical request, result, response body, linear token
   columns) and await its commit, for each capture commit mode (--sync FULL, polar's default: the
   commit of a group holding completions is fsynced; NORMAL: committed to the WAL, no fsync). Every
@@ -42,7 +42,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_tokens as tokens  # noqa: E402  (puts the repository on sys.path too)
 from bench_proxy import loadavg  # noqa: E402
-from polar.capture.store import CaptureStore  # noqa: E402
+from polar.capture.writer import CaptureWriter  # noqa: E402
+from polar.sessions.state import SessionState  # noqa: E402
 from polar.tokens import ChatTemplate  # noqa: E402
 
 
@@ -118,15 +119,16 @@ def write_rate(session: Session, sync: str, concurrency: int, min_rows: int, wor
     names = [f"s{w:03d}-{r:03d}" for w in range(concurrency) for r in range(rounds)]
     canonicals = {name: tagged_canonicals(session, name) for name in names}  # before the clock starts
     path = workdir / f"rate-{sync.lower()}-{concurrency}.db"
-    store = CaptureStore(path, synchronous=sync)
+    store = CaptureWriter(path, synchronous=sync)
     latencies: list[float] = []
 
     async def writer(w: int) -> None:
         for r in range(rounds):
             name = f"s{w:03d}-{r:03d}"
+            state = SessionState()
             for i, call in enumerate(session.calls):
                 t = time.perf_counter()
-                await tokens.write_call(store, name, call, f"{name}-{i:04d}", canonicals[name][i])
+                await tokens.write_call(store, state, name, call, f"{name}-{i:04d}", canonicals[name][i])
                 latencies.append(time.perf_counter() - t)
 
     async def run() -> float:
@@ -146,7 +148,7 @@ def write_rate(session: Session, sync: str, concurrency: int, min_rows: int, wor
 
 def rate_table(rates: list[Rate], session: Session) -> Table:
     table = Table(title=f"Capture store write rate: concurrent sessions of {tokens.size_label(session.size)} "
-                        f"({session.tokens} tokens, {len(session.calls)} calls each), through CaptureStore")
+                        f"({session.tokens} tokens, {len(session.calls)} calls each), through CaptureWriter")
     for col in ("sync", "sessions", "rows", "rows/s", "MB/s", "commit p50 ms", "commit p99 ms", "CPU ms/row",
                 "vs 1 session"):
         table.add_column(col, justify="left" if col == "sync" else "right")

@@ -10,7 +10,7 @@ template. Every call of the session then goes through what the gateway does with
             continuation of only the new messages appended to the kept ids, buffer update) against
             full re-render (the whole conversation through the chat template and the tokenizer);
             each turn is timed --repeat times and its best time kept (the machine is shared);
-  storage — the calls written into a real CaptureStore (sampled ids = the encoded assistant turn +
+  storage — the calls written into a real capture database (CaptureWriter) (sampled ids = the encoded assistant turn +
             its end-of-turn token), token columns and DB file against storing every prompt in full;
   build   — trajectories from the stored rows with `per_request` and `prefix_merge`.
 
@@ -46,10 +46,13 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from polar.canonical import ChatRequest, ChatResult, Message, Reasoning, TextPart, ToolCall, Usage  # noqa: E402
-from polar.capture.store import CaptureStore  # noqa: E402
+from polar.capture.reader import CaptureReader
+from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages  # noqa: E402
+from polar.capture.writer import CaptureWriter  # noqa: E402
 from polar.providers.openai_chat import OpenAIChat  # noqa: E402
 from polar.tokens import ChatTemplate  # noqa: E402
-from polar.tokens.buffers import SessionBuffers, Turn, message_fingerprint, request_context_key  # noqa: E402
+from polar.sessions.fingerprints import message_fingerprint, request_context_key  # noqa: E402
+from polar.sessions.state import SessionState, Turn  # noqa: E402
 from polar.trajectories import per_request, prefix_merge  # noqa: E402
 from polar.upstream.vllm_chat import to_openai_messages  # noqa: E402
 
@@ -313,12 +316,12 @@ def build_prompts(template: ChatTemplate, calls: list[Call], repeat: int) -> lis
     """Every call's prompt, built as the token-faithful gateway builds it, each step timed, against a re-render."""
     provider = OpenAIChat()
     route = provider.match("POST", "/v1/chat/completions", {}, {})
-    buffers = SessionBuffers()
+    buffers = SessionState()
     return [build_one(template, buffers, provider.parse(route, json.loads(json.dumps(call.body))), call, row, repeat)
             for row, call in enumerate(calls, 1)]
 
 
-def build_one(template: ChatTemplate, buffers: SessionBuffers, request: ChatRequest, call: Call, row: int,
+def build_one(template: ChatTemplate, buffers: SessionState, request: ChatRequest, call: Call, row: int,
               repeat: int, session: str = "bench") -> Built:
     """One call: the re-render, then each token-faithful step (as in the gateway), then keep the turn."""
     tools, thinking = tools_of(request), request.thinking.enabled
@@ -326,13 +329,13 @@ def build_one(template: ChatTemplate, buffers: SessionBuffers, request: ChatRequ
         [m for msg in request.messages for m in to_openai_messages(msg)], tools, thinking))
     item = Built(request, rr_ids, "re-render: first call of the session", rr_s)
     item.lookup_s, (ext, why) = best_of(
-        repeat, lambda: buffers.find(session, request, [message_fingerprint(m) for m in request.messages]))
+        repeat, lambda: buffers.extension(request, [message_fingerprint(m) for m in request.messages]))
     if ext is None and row > 1:
         item.mode = f"re-render: {why}"
     elif ext is not None:
         item.template_s, cont = best_of(repeat, lambda: template.continuation(
             [m for msg in ext.new_messages for m in to_openai_messages(msg)], tools, thinking,
-            previous_ended_with_eos=ext.turn.ended_with_eos))
+            previous_ended_with_eos=int(ext.turn.ids[-1]) == template.end_of_turn_id))
         if cont.failure:
             item.mode = f"re-render: {cont.failure}"
         else:
@@ -340,20 +343,19 @@ def build_one(template: ChatTemplate, buffers: SessionBuffers, request: ChatRequ
             item.prompt, item.mode, item.identical = ids, "token-faithful", ids == rr_ids
             item.new_tokens = len(cont.ids)
     turn_s, turn = best_of(repeat, lambda: Turn(
-        call_row=row,
+        row=row,
+        ids=np.concatenate([np.asarray(item.prompt, "<u4"), np.asarray(call.sampled, "<u4")]),
+        prompt_len=len(item.prompt),
         context_key=request_context_key(request),
         message_keys=[message_fingerprint(m) for m in request.messages],
         answer_key=message_fingerprint(call.answer),
-        ids=np.concatenate([np.asarray(item.prompt, "<u4"), np.asarray(call.sampled, "<u4")]),
-        prompt_len=len(item.prompt),
-        ended_with_eos=call.sampled[-1] == template.end_of_turn_id,
     ))
-    keep_s, _ = best_of(1, lambda: buffers.record(session, turn, extended=ext.turn if ext is not None else None))
+    keep_s, _ = best_of(1, lambda: buffers.add(turn, keep=16))
     item.record_s = turn_s + keep_s  # the list update is not repeatable: it runs once
     return item
 
 
-# -- storage: a real CaptureStore ----------------------------------------------------------------
+# -- storage: a real capture database ----------------------------------------------------------------
 
 
 @dataclass
@@ -369,8 +371,8 @@ class Stored:
 class GatewayCall:
     """One call as the gateway hands it to the capture store (ids, session and clock filled in at write time)."""
 
-    begin: dict[str, Any]  # the pending row
-    finish: dict[str, Any]  # the completion, without its token columns
+    begin: dict[str, Any]  # the pending row's fields (CallStart)
+    finish: dict[str, Any]  # the completion's fields (CallEnd), without its token columns
     prompt: list[int]
     sampled: list[int]
     logprobs: list[float]
@@ -391,9 +393,9 @@ def gateway_calls(calls: list[Call], built: list[Built], seed: int) -> list[Gate
         )
         out.append(GatewayCall(
             begin={"provider": provider.name, "endpoint": "generate", "path": "/v1/chat/completions",
-                   "status": "pending", "request_headers": json.dumps({"content-type": "application/json"}),
+                   "request_headers": {"content-type": "application/json"},
                    "request_body": json.dumps(call.body, ensure_ascii=False).encode()},
-            finish={"status": "ok", "http_status": 200, "model": MODEL, "upstream_model": MODEL, "stream": 0,
+            finish={"status": "ok", "http_status": 200, "model": MODEL, "upstream_model": MODEL, "stream": False,
                     "canonical": item.request.model_dump(mode="json", exclude_none=True),  # as the gateway stores it
                     "result": result.model_dump_json(exclude={"prompt_token_ids", "completion_token_ids",
                                                               "completion_logprobs"}),
@@ -404,28 +406,31 @@ def gateway_calls(calls: list[Call], built: list[Built], seed: int) -> list[Gate
     return out
 
 
-async def write_call(store: CaptureStore, session: str, call: GatewayCall, call_id: str,
+async def write_call(writer: CaptureWriter, state: SessionState, session: str, call: GatewayCall, call_id: str,
                      canonical: dict[str, Any] | None = None) -> None:
-    """Write one call as the gateway does: the pending row, then the completion, awaited until committed."""
-    row_id = store.allocate_id()
-    store.begin({"id": row_id, "call_id": call_id, "session_id": session, **call.begin, "t_start": time.time()})
-    await store.finish(row_id, {
-        **call.finish, **({"canonical": canonical} if canonical is not None else {}), "t_end": time.time(),
-        **store.tokens_fields(session, row_id, call.prompt, call.sampled, call.logprobs),
-    })
+    """Write one call as the gateway does: the pending row, then the completion (its prompt stored against
+    the session's earlier sequences, its messages by reference), awaited until committed; then remember it."""
+    start = CallStart(call_id=call_id, session_id=session, client=None, key_hash=None, t_start=time.time(), **call.begin)
+    row_id = await writer.start(start)
+    end = CallEnd(**{**call.finish, **({"canonical": canonical} if canonical is not None else {})}, t_end=time.time())
+    end.message_refs, end.new_messages = encode_messages(end.canonical["messages"], state.messages)
+    end.tokens = TokenRecord(call.prompt, call.sampled, call.logprobs, state.lineage(call.prompt))
+    row_id = await writer.finish(row_id, start, end)
+    state.messages = list(zip(end.canonical["messages"], end.message_refs))
+    state.add(Turn(row_id, np.asarray([*call.prompt, *call.sampled], "<u4"), len(call.prompt), "", [], ""), keep=16)
 
 
 def store_session(path: Path, calls: list[Call], built: list[Built], seed: int) -> Stored:
     """Write the session's calls as the gateway does (one row each, tokens linear) and read them back."""
     rng = random.Random(seed)
-    store = CaptureStore(path, synchronous="NORMAL")
+    writer, state = CaptureWriter(path, synchronous="NORMAL"), SessionState()
 
     async def write() -> None:
         for call in gateway_calls(calls, built, seed):
-            await write_call(store, "bench", call, f"{rng.getrandbits(96):024x}")
+            await write_call(writer, state, "bench", call, f"{rng.getrandbits(96):024x}")
 
     asyncio.run(write())
-    store.close()
+    writer.close()
     with sqlite3.connect(path) as conn:
         token_bytes, text_bytes, full_ids = conn.execute(
             "SELECT sum(length(prompt_suffix) + length(completion_ids) + length(completion_logprobs)),"
@@ -434,7 +439,7 @@ def store_session(path: Path, calls: list[Call], built: list[Built], seed: int) 
         ).fetchone()
         text_bytes += conn.execute("SELECT coalesce(sum(length(body)), 0) FROM messages").fetchone()[0]
     conn.close()
-    rows = list(CaptureStore(path, readonly=True).calls(session="bench"))
+    rows = list(CaptureReader(path).calls(session="bench"))
     file_bytes = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
     return Stored(token_bytes, 4 * full_ids, text_bytes, file_bytes, rows)
 

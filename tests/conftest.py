@@ -55,9 +55,9 @@ class Stack:
         httpx.post(f"{self.upstream_url}/_double/fault", json=fault).raise_for_status()
 
     def store(self):
-        from polar.capture.store import CaptureStore
+        from polar.capture.reader import CaptureReader
 
-        return CaptureStore(self.db, readonly=True)
+        return CaptureReader(self.db)
 
     def row(self, call_id: str) -> dict:
         rows = [r for r in self.store().calls() if r["call_id"] == call_id]

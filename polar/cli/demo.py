@@ -26,7 +26,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from polar.capture.store import CaptureStore
+from polar.capture.reader import CaptureReader
 from polar.doubles.scripted_vllm import BackgroundServer, Script, ScriptedVLLM
 from polar.harnesses import HARNESSES, Harness, get
 from polar.mitm.proxy import BackgroundProxy, ProxyConfig, free_port
@@ -135,13 +135,10 @@ async def _rollout(env, tasks: list[TaskSpec], state_path: Path, console: Consol
 
 def _calls(captures: Path, results: list[SessionResult]) -> dict[str, int]:
     """Captured model calls per session (the session's capture id is its session id: no restarts here)."""
-    store = CaptureStore(captures, readonly=True)
-    try:
-        return {r.session_id: sum(row["endpoint"] not in ("unknown", "count_tokens", "models")
-                                  for row in store.calls(session=r.session_id, with_tokens=False))
-                for r in results}
-    finally:
-        store.close()
+    store = CaptureReader(captures)
+    return {r.session_id: sum(row["endpoint"] not in ("unknown", "count_tokens", "models")
+                              for row in store.calls(session=r.session_id, with_tokens=False))
+            for r in results}
 
 
 def summary_table(job: MainJob) -> Table:
@@ -200,7 +197,7 @@ def sdk_tour_run(workdir: Path, tokenizer_dir: Path) -> None:
     finally:
         proxy.stop()
         upstream.stop()
-    store = CaptureStore(db, readonly=True)
+    store = CaptureReader(db)
     rows = list(store.calls())
     captures_table(rows, console, title=f"captures in {db}")
     tokens = sum(r["prompt_len"] + r["completion_len"] for r in rows if r["status"] == "ok")
@@ -208,7 +205,6 @@ def sdk_tour_run(workdir: Path, tokenizer_dir: Path) -> None:
     trajectories = prefix_merge(rows)
     console.print(f"{len(rows)} calls captured ({faithful} with token-faithful prompts), {tokens} prompt+sampled "
                   f"token ids; prefix-merge → {len(trajectories)} trajectories (one per session)")
-    store.close()
 
 
 def _anthropic(url: str, session: str) -> str:

@@ -72,16 +72,13 @@ def double(tokenizer_dir, model_name, script_path, host, port, max_model_len) ->
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per call, with token ids.")
 def captures(db, session, as_json) -> None:
     """List captured model calls."""
-    from polar.capture.store import CaptureStore
+    from polar.capture.reader import CaptureReader
     from polar.reporting.table import captures_table
 
-    store = CaptureStore(db, readonly=True)
-    try:
-        if as_json:
-            for row in store.calls(session=session):
-                row = {k: v for k, v in row.items() if not isinstance(v, bytes)}
-                click.echo(json.dumps(row, ensure_ascii=False))
-        else:
-            captures_table(store.calls(session=session, with_tokens=False))
-    finally:
-        store.close()
+    store = CaptureReader(db)
+    if as_json:
+        for row in store.calls(session=session):
+            row = {k: v for k, v in row.items() if not isinstance(v, bytes)}
+            click.echo(json.dumps(row, ensure_ascii=False))
+    else:
+        captures_table(store.calls(session=session, with_tokens=False))

@@ -23,16 +23,12 @@ import click
               help="Hugging Face tokenizer directory: decode the tokens around each prefix break.")
 def trajectories(db, builder, out, fmt, session, drift, drift_json, tokenizer_dir) -> None:
     """Rebuild trajectories from captured calls; report where token prefixes drifted."""
-    from polar.capture.store import CaptureStore
+    from polar.capture.reader import CaptureReader
     from polar.trajectories import BUILDERS, drift_report, io, summary
     from polar.trajectories.drift import print_drift
 
     paths = _outputs(out, fmt)  # a bad --out fails before any work
-    store = CaptureStore(db, readonly=True)
-    try:
-        rows = list(store.calls(session=session))
-    finally:
-        store.close()
+    rows = list(CaptureReader(db).calls(session=session))
     built = BUILDERS[builder](rows)
     for path in paths:
         io.write(built, path)

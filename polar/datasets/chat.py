@@ -24,7 +24,7 @@ import pyarrow as pa
 from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, TextPart
 from polar.datasets.select import IDENTITY_COLUMNS, Candidate
 from polar.datasets.source import SourceError
-from polar.tokens.buffers import message_fingerprint
+from polar.sessions.fingerprints import message_fingerprint
 from polar.upstream.vllm_chat import to_openai_messages, to_openai_tools
 
 _TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()),

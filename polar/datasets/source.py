@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar.capture.store import CaptureStore
+from polar.capture.reader import CaptureReader
 from polar.rollout.tasks import SessionResult, harness_name
 from polar.sqlite_files import WrongDatabase, open_readonly
 
@@ -83,7 +83,7 @@ class CaptureSource:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         _connect_readonly(self.path, "capture").close()
-        self.store = CaptureStore(self.path, readonly=True)
+        self.store = CaptureReader(self.path)
         self._session: str | None = None
         self._rows: dict[int, dict[str, Any]] = {}
 
@@ -96,4 +96,4 @@ class CaptureSource:
         return self._rows
 
     def close(self) -> None:
-        self.store.close()
+        self._rows = {}

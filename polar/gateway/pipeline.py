@@ -1,11 +1,13 @@
 """The gateway pipeline, independent of mitmproxy: one HTTP request in, one HTTP reply out.
 
-    detect provider → resolve session → capture (pending) → parse → upstream → render
-    → capture (final, committed) → reply
+    detect provider → resolve session → capture arrival (pending) → parse → session state
+    → upstream → render → capture completion (committed) → remember the turn → reply
 
 The mitmproxy addon, the CLI and the tests all drive this one class. Every path out of
 `handle` — success, client error, upstream failure, polar bug — answers in the caller's
-provider shape and leaves a committed capture row saying what happened.
+provider shape and leaves a committed capture row saying what happened; when the capture itself
+cannot be written, the client gets a 5xx in its provider's shape instead of an unrecorded answer.
+The session state learns a call's tokens only after its row has committed.
 """
 
 from __future__ import annotations
@@ -16,29 +18,22 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from polar import providers
-from polar.canonical import ChatRequest, ChatResult, Message, TextPart
-from polar.capture.store import CaptureStore
+from polar.canonical import ChatRequest, ChatResult
+from polar.capture.reader import CaptureReader
+from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages
+from polar.capture.writer import CaptureError, CaptureWriter
 from polar.errors import GatewayError
+from polar.gateway.gate import SamplingGate
 from polar.providers.base import HttpReply, Provider, Route
+from polar.sessions.fingerprints import answer_message, message_fingerprint
 from polar.sessions.identity import Identity, SessionRegistry, redact
+from polar.sessions.state import SessionStates, SessionView, new_turn
+from polar.upstream.base import Backend
 
-log = logging.getLogger("polar.gateway.pipeline")
-
-# Bodies above this are stored truncated (the call is still recorded, with its error).
-STORED_BODY_LIMIT = 8 * 1024 * 1024
-
-
-class Backend(Protocol):
-    """What the gateway needs from an upstream (vLLM chat today; token-in backends next)."""
-
-    async def model(self) -> str: ...
-
-    async def complete(self, request: ChatRequest, call_id: str, session: str = "", row_id: int = 0) -> ChatResult: ...
-
-    async def count_tokens(self, request: ChatRequest) -> int: ...
+log = logging.getLogger("polar.gateway")
 
 
 @dataclass
@@ -54,59 +49,29 @@ class GatewayRequest:
 @dataclass
 class GatewayReply:
     reply: HttpReply
-    # What mitmweb and logs show for the flow: session, provider, call id, token counts.
+    # What mitmweb and logs show for the flow: session, provider, call id, row, token counts.
     meta: dict[str, Any] = field(default_factory=dict)
 
 
 class Gateway:
     def __init__(
         self,
-        store: CaptureStore,
+        writer: CaptureWriter,
         backend: Backend,
         registry: SessionRegistry | None = None,
+        states: SessionStates | None = None,
+        gate: SamplingGate | None = None,
         max_body_bytes: int = 64 * 1024 * 1024,
         model_aliases: list[str] | None = None,
     ):
-        self.store = store
+        self.writer = writer
+        self.reader = CaptureReader(writer.path)
         self.backend = backend
-        self.registry = registry or SessionRegistry(salt=store.key_salt())
+        self.registry = registry or SessionRegistry(salt=writer.key_salt)
+        self.states = states or SessionStates(self.reader.recent_calls)
+        self.gate = gate or SamplingGate()
         self.max_body_bytes = max_body_bytes
         self.model_aliases = model_aliases or []
-        # Weight updates: a trainer pauses sampling, waits for in-flight calls, swaps weights and
-        # resumes with the new version, which calls record when the upstream reports none itself.
-        self.policy_version: str | None = None
-        self._open = asyncio.Event()
-        self._open.set()
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    # -- weight updates (call on the proxy's event loop; from another thread use
-    #    loop.call_soon_threadsafe / asyncio.run_coroutine_threadsafe) -----------------------
-
-    def pause(self) -> None:
-        """New model calls wait (they are not refused: harnesses just see a slower answer)."""
-        self._open.clear()
-
-    def resume(self, policy_version: str | None = None) -> None:
-        if policy_version is not None:
-            self.policy_version = policy_version
-        self._open.set()
-
-    def _version(self, upstream: int | str | None) -> str | None:
-        """vLLM's own weight version when it tracks one; its placeholder "default" yields to the trainer's."""
-        if upstream is not None and str(upstream) != "default":
-            return str(upstream)
-        return self.policy_version or (None if upstream is None else str(upstream))
-
-    @property
-    def in_flight(self) -> int:
-        """Model calls being sampled right now."""
-        return self._in_flight
-
-    async def drain(self) -> None:
-        """Return once no model call is being sampled."""
-        await self._idle.wait()
 
     async def handle(self, req: GatewayRequest) -> GatewayReply:
         ident = self.registry.resolve(req.path, req.headers, req.client_addr)
@@ -148,67 +113,78 @@ class Gateway:
     async def _model_call(
         self, req: GatewayRequest, ident: Identity, route: Route | None, provider: Provider
     ) -> GatewayReply:
-        row_id = self.store.allocate_id()
-        call_id = secrets.token_hex(12)
-        t_start = time.time()
-        self.store.begin(
-            {
-                "id": row_id,
-                "call_id": call_id,
-                "session_id": ident.session,
-                "provider": provider.name,
-                "endpoint": route.endpoint if route else "unknown",
-                "path": req.path + (("?" + "&".join(f"{k}={v}" for k, v in req.query.items())) if req.query else ""),
-                "status": "pending",
-                "client": req.client_addr,
-                "key_hash": ident.key_hash,
-                "request_headers": json.dumps(redact(req.headers)),
-                "request_body": req.body[:STORED_BODY_LIMIT],
-                "t_start": t_start,
-            }
+        call = CallStart(
+            call_id=secrets.token_hex(12),
+            session_id=ident.session,
+            provider=provider.name,
+            endpoint=route.endpoint if route else "unknown",
+            path=req.path + (("?" + "&".join(f"{k}={v}" for k, v in req.query.items())) if req.query else ""),
+            client=req.client_addr,
+            key_hash=ident.key_hash,
+            request_headers=redact(req.headers),
+            request_body=req.body,
+            t_start=time.time(),
         )
-        meta: dict[str, Any] = {"session": ident.session, "provider": provider.name, "call_id": call_id, "row": row_id}
-        fields: dict[str, Any] = {}
-        request: ChatRequest | None = None
+        row_id = await self.writer.start(call)
+        meta: dict[str, Any] = {"session": ident.session, "provider": provider.name, "call_id": call.call_id}
+        call_state = _Call()
         try:
-            if ident.refused:
-                raise GatewayError("permission", f"this client belongs to session {ident.session!r} and may not "
-                                                 f"act as session {ident.refused!r}")
-            if route is None:
-                raise GatewayError("not_found", f"polar does not serve {req.method} {ident.path}")
-            request = self._parse(req, route)
-            if request.metadata.get("previous_response_id"):
-                request = await self._continue_from(request, ident.session)
-            fields["model"] = request.model
-            fields["stream"] = int(request.stream)
-            if route.endpoint == "count_tokens":
-                reply = route.provider.render_count(route, await self.backend.count_tokens(request))
-            else:
-                await self._open.wait()
-                self._in_flight += 1
-                self._idle.clear()
-                try:
-                    reply = await self._generate(request, route, ident, call_id, fields, meta)
-                finally:
-                    self._in_flight -= 1
-                    if self._in_flight == 0:
-                        self._idle.set()
-            fields.update(status="ok", http_status=reply.status)
+            reply = await self._answer(req, ident, route, call, call_state)
+            end = CallEnd(status="ok", http_status=reply.status, response_body=reply.body, t_end=0.0)
         except GatewayError as err:
-            reply = self._error(provider, err, fields)
+            reply, end = self._error(provider, err)
         except Exception as exc:  # a polar bug: still answer in the provider's shape, still capture
-            log.exception("polar failed on call %s", call_id)
-            reply = self._error(provider, GatewayError("internal", f"polar failed on this call: {type(exc).__name__}: {exc}"), fields)
-        if request is not None:
-            fields["canonical"] = request.model_dump(mode="json", exclude_none=True)
-        fields.update(response_body=reply.body, t_end=time.time())
+            log.exception("polar failed on call %s", call.call_id)
+            reply, end = self._error(provider, GatewayError("internal", f"polar failed on this call: {type(exc).__name__}: {exc}"))
+        call_state.fill(end, self.gate)
+        end.t_end = time.time()
         try:
-            await self.store.finish(row_id, fields)
-        except Exception as exc:  # not durable → the client must not proceed as if it were
-            log.exception("capture of call %s failed", call_id)
+            row_id = await self.writer.finish(row_id, call, end)
+        except CaptureError as exc:  # not durable → the client must not proceed as if it were
             reply = provider.render_error(GatewayError("internal", f"polar could not record this call: {exc}"))
-        reply.headers.update({"x-polar-call-id": call_id, "x-polar-session": ident.session})
+        else:
+            meta["row"] = row_id
+            self._remember(ident.session, row_id, call_state, end)
+            if call_state.result is not None:
+                meta.update(prompt_tokens=len(call_state.result.prompt_token_ids),
+                            completion_tokens=len(call_state.result.completion_token_ids))
+        reply.headers.update({"x-polar-call-id": call.call_id, "x-polar-session": ident.session})
         return GatewayReply(reply, meta)
+
+    async def _answer(
+        self, req: GatewayRequest, ident: Identity, route: Route | None, call: CallStart, state: _Call
+    ) -> HttpReply:
+        if ident.refused:
+            raise GatewayError("permission", f"this client belongs to session {ident.session!r} and may not "
+                                             f"act as session {ident.refused!r}")
+        if route is None:
+            raise GatewayError("not_found", f"polar does not serve {req.method} {ident.path}")
+        request = self._parse(req, route)
+        if request.metadata.get("previous_response_id"):
+            request = await self._continue_from(request, ident.session)
+        state.request = request
+        if route.endpoint == "count_tokens":
+            return route.provider.render_count(route, await self.backend.count_tokens(request))
+        session = await self.states.get(ident.session)  # rebuilt from the database off the loop when needed
+        state.session_messages = session.messages
+        state.keys = [message_fingerprint(m) for m in request.messages]
+        view = SessionView(ident.session, session, state.keys)
+        async with self.gate.sampling():
+            t_up = time.time()
+            result = await self.backend.complete(request, call.call_id, view)
+            state.t_upstream = time.time() - t_up
+        state.result = result
+        state.lineage = session.lineage(result.prompt_token_ids)
+        return route.provider.render(route, request, result)
+
+    def _remember(self, session: str, row_id: int, state: _Call, end: CallEnd) -> None:
+        messages = None
+        if end.canonical is not None:
+            messages = list(zip(end.canonical["messages"], end.message_refs))
+        turn = None
+        if state.result is not None and state.request is not None and end.status == "ok":
+            turn = new_turn(row_id, state.request, state.keys, state.result)
+        self.states.record(session, turn, messages)
 
     def _parse(self, req: GatewayRequest, route: Route) -> ChatRequest:
         if len(req.body) > self.max_body_bytes:
@@ -219,52 +195,58 @@ class Gateway:
             body = json.loads(req.body) if req.body else None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise GatewayError("invalid_request", f"request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise GatewayError("invalid_request", "request body nests JSON too deeply") from None
         if body is None:
             raise GatewayError("invalid_request", "request body is empty; a JSON object is required")
         return route.provider.parse(route, body)
 
-    async def _generate(
-        self, request: ChatRequest, route: Route, ident: Identity, call_id: str, fields: dict, meta: dict
-    ) -> HttpReply:
-        t_up = time.time()
-        result = await self.backend.complete(request, call_id, ident.session, meta["row"])
-        fields["t_upstream"] = time.time() - t_up
-        reply = route.provider.render(route, request, result)
-        fields.update(
-            upstream_model=result.model,
-            result=result.model_dump_json(exclude={"prompt_token_ids", "completion_token_ids", "completion_logprobs"}),
-            finish_reason=result.finish_reason,
-            policy_version=self._version(result.policy_version),
-            prompt_mode=result.prompt_mode,
-            **self.store.tokens_fields(
-                ident.session, meta["row"], result.prompt_token_ids, result.completion_token_ids, result.completion_logprobs
-            ),
-        )
-        meta.update(prompt_tokens=len(result.prompt_token_ids), completion_tokens=len(result.completion_token_ids))
-        return reply
-
     async def _continue_from(self, request: ChatRequest, session: str) -> ChatRequest:
         """Responses `previous_response_id`: prepend that call's conversation and answer (same session only)."""
         response_id: str = request.metadata["previous_response_id"]
-        prior = await asyncio.to_thread(self.store.find_call, response_id.removeprefix("resp_"), session)
+        prior = await asyncio.to_thread(self.reader.find_call, response_id.removeprefix("resp_"), session)
         if prior is None or not prior.get("canonical") or not prior.get("result"):
             raise GatewayError("invalid_request", f"previous response '{response_id}' was not found", param="previous_response_id")
         earlier = ChatRequest.model_validate(prior["canonical"])
-        answer = ChatResult.model_validate(prior["result"])
-        assistant = Message(
-            role="assistant",
-            content=[TextPart(text=answer.content)] if answer.content else [],
-            reasoning=[answer.reasoning] if answer.reasoning else [],
-            tool_calls=answer.tool_calls,
-        )
+        assistant = answer_message(ChatResult.model_validate(prior["result"]))
         history = [m for m in earlier.messages if m.role != "system"] + [assistant]
         system = [m for m in request.messages if m.role == "system"]
         rest = [m for m in request.messages if m.role != "system"]
         return request.model_copy(update={"messages": system + history + rest})
 
     @staticmethod
-    def _error(provider: Provider, err: GatewayError, fields: dict) -> HttpReply:
+    def _error(provider: Provider, err: GatewayError) -> tuple[HttpReply, CallEnd]:
         reply = provider.render_error(err)
-        fields.update(status="error", http_status=reply.status, error_kind=err.kind, error=err.message)
-        return reply
+        end = CallEnd(status="error", http_status=reply.status, response_body=reply.body, t_end=0.0,
+                      error_kind=err.kind, error=err.message)
+        return reply, end
 
+
+@dataclass
+class _Call:
+    """What one model call learnt on its way, for its capture row and its session's state."""
+
+    request: ChatRequest | None = None
+    result: ChatResult | None = None
+    keys: list[str] = field(default_factory=list)
+    session_messages: list = field(default_factory=list)
+    lineage: Any = None
+    t_upstream: float | None = None
+
+    def fill(self, end: CallEnd, gate: SamplingGate) -> None:
+        if self.request is not None:
+            end.model, end.stream = self.request.model, self.request.stream
+            canonical = self.request.model_dump(mode="json", exclude_none=True)
+            end.canonical = canonical
+            end.message_refs, end.new_messages = encode_messages(canonical["messages"], self.session_messages)
+        result = self.result
+        if result is None:
+            return
+        end.t_upstream = self.t_upstream
+        end.upstream_model = result.model
+        end.result = result.model_dump_json(exclude={"prompt_token_ids", "completion_token_ids", "completion_logprobs"})
+        end.finish_reason = result.finish_reason
+        end.policy_version = gate.version(result.policy_version)
+        end.prompt_mode = result.prompt_mode
+        end.tokens = TokenRecord(result.prompt_token_ids, result.completion_token_ids, result.completion_logprobs,
+                                 self.lineage)

@@ -3,29 +3,39 @@
 Configured entirely through mitmproxy options (`--set polar_upstream=…`), so `mitmdump -s
 addons/polar_gateway.py`, `mitmweb -s …` and `polar proxy` run the very same code. Flows carry
 the session, provider and token counts (`flow.metadata["polar"]`, the flow comment) so mitmweb
-shows them; its "polar" contentview (polar/mitm/contentview.py) shows a call's capture in full.
+shows them; its "polar" contentview (mitm/contentview.py) shows a call's capture in full.
+
+An option change rebuilds only the part it touches, as mitmproxy's own addons do: the capture
+writer (`polar_db*`), the upstream backend (`polar_upstream*`, tokenizer, template), or nothing
+(body limit, aliases). Calls in flight finish on the parts they started with, which are closed
+once their last call is done. Registered sessions, the sampling gate and session state survive
+(state is dropped only when the database or the prompt format changes).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 
 from mitmproxy import contentviews, ctx, http
 
-from polar.capture.store import CaptureStore
-from polar.mitm.contentview import PolarContentview
+from polar.capture.writer import CaptureWriter
+from polar.gateway.gate import SamplingGate
 from polar.gateway.pipeline import Gateway, GatewayRequest
+from polar.mitm.contentview import PolarContentview
 from polar.sessions.identity import REDACTED, SECRET_HEADERS, SessionRegistry
 from polar.upstream.vllm_chat import VLLMChat
 
-log = logging.getLogger("polar.mitm.addon")
+log = logging.getLogger("polar.addon")
 
-_GATEWAY_OPTIONS = {
+WRITER_OPTIONS = {"polar_db", "polar_db_sync"}
+BACKEND_OPTIONS = {
     "polar_upstream", "polar_upstream_model", "polar_upstream_key", "polar_upstream_timeout",
-    "polar_db", "polar_db_sync", "polar_max_body", "polar_model_aliases",
     "polar_tokenizer", "polar_chat_template", "polar_token_endpoint",
 }  # fmt: skip
+PROMPT_OPTIONS = {"polar_tokenizer", "polar_chat_template"}  # change the ids a session's turns hold
+GATEWAY_OPTIONS = {"polar_max_body", "polar_model_aliases"}
 
 
 def token_faithful(chat: VLLMChat, tokenizer_dir: str, template_path: str, endpoint: str):
@@ -37,11 +47,28 @@ def token_faithful(chat: VLLMChat, tokenizer_dir: str, template_path: str, endpo
     return TokenFaithful(chat, template, family_for_template(template.template_text), endpoint)
 
 
+def build_backend(opts):
+    backend = VLLMChat(
+        opts.polar_upstream,
+        model=opts.polar_upstream_model or None,
+        api_key=opts.polar_upstream_key or None,
+        timeout=opts.polar_upstream_timeout,
+    )
+    if opts.polar_tokenizer:
+        backend = token_faithful(backend, opts.polar_tokenizer, opts.polar_chat_template, opts.polar_token_endpoint)
+    return backend
+
+
 class PolarAddon:
     def __init__(self) -> None:
         self.gateway: Gateway | None = None
-        self.registry: SessionRegistry | None = None
-        self._retired: list = []
+        self.gate = SamplingGate()  # a paused trainer stays paused across option changes
+        self._calls: dict[int, int] = {}  # id(gateway) → calls in flight on it
+        self._retired: list[Gateway] = []
+
+    @property
+    def registry(self) -> SessionRegistry | None:
+        return self.gateway.registry if self.gateway else None
 
     def load(self, loader) -> None:
         contentviews.add(PolarContentview(lambda: self.gateway))  # the "polar" view of each call in mitmweb
@@ -67,28 +94,28 @@ class PolarAddon:
         )
 
     def configure(self, updated: set[str]) -> None:
-        if self.gateway is not None and not (updated & _GATEWAY_OPTIONS):
-            return
         opts = ctx.options
-        if self.gateway is not None:
-            self._retired.append(self.gateway)
-        store = CaptureStore(opts.polar_db, synchronous=opts.polar_db_sync)
-        if self.registry is None or "polar_db" in updated:
-            # Registered keys/addresses outlive a reconfiguration; the salt belongs to the database.
-            self.registry = SessionRegistry(salt=store.key_salt())
-        interrupted = store.mark_interrupted()
-        if interrupted:
-            log.warning("marked %d calls from an earlier run as interrupted", interrupted)
-        backend = VLLMChat(
-            opts.polar_upstream,
-            model=opts.polar_upstream_model or None,
-            api_key=opts.polar_upstream_key or None,
-            timeout=opts.polar_upstream_timeout,
+        old = self.gateway
+        if old is not None and not updated & (WRITER_OPTIONS | BACKEND_OPTIONS | GATEWAY_OPTIONS):
+            return
+        if old is not None and not updated & (WRITER_OPTIONS | BACKEND_OPTIONS):
+            old.max_body_bytes, old.model_aliases = opts.polar_max_body, list(opts.polar_model_aliases)
+            return
+        new_db = old is None or bool(updated & WRITER_OPTIONS)
+        writer = CaptureWriter(opts.polar_db, synchronous=opts.polar_db_sync) if new_db else old.writer
+        backend = build_backend(opts) if old is None or updated & BACKEND_OPTIONS else old.backend
+        keep_state = old is not None and not new_db and not updated & PROMPT_OPTIONS
+        # Registered keys/addresses outlive a reconfiguration; a new database brings its own salt.
+        registry = old.registry if old is not None else SessionRegistry(salt=writer.key_salt)
+        if old is not None and new_db:
+            registry.resalt(writer.key_salt)  # runtimes hold this object: keep it, re-hash its keys
+        self.gateway = Gateway(
+            writer, backend, registry=registry, states=old.states if keep_state else None, gate=self.gate,
+            max_body_bytes=opts.polar_max_body, model_aliases=list(opts.polar_model_aliases),
         )
-        if opts.polar_tokenizer:
-            backend = token_faithful(backend, opts.polar_tokenizer, opts.polar_chat_template, opts.polar_token_endpoint)
-        self.gateway = Gateway(store, backend, registry=self.registry, max_body_bytes=opts.polar_max_body,
-                               model_aliases=list(opts.polar_model_aliases))
+        if old is not None:
+            self._retired.append(old)
+            self._close_idle()
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or self.gateway is None:
@@ -101,16 +128,23 @@ class PolarAddon:
         peer = flow.client_conn.peername
         headers = {k.lower(): v for k, v in req.headers.items()}
         headers.setdefault("host", req.host_header or req.pretty_host)  # HTTP/2 carries :authority only
-        out = await self.gateway.handle(
-            GatewayRequest(
-                method=req.method,
-                path=req.path.split("?", 1)[0],
-                query=dict(req.query),
-                headers=headers,
-                body=body,
-                client_addr=peer[0] if peer else None,
+        gateway = self.gateway
+        self._calls[id(gateway)] = self._calls.get(id(gateway), 0) + 1
+        try:
+            out = await gateway.handle(
+                GatewayRequest(
+                    method=req.method,
+                    path=req.path.split("?", 1)[0],
+                    query=dict(req.query),
+                    headers=headers,
+                    body=body,
+                    client_addr=peer[0] if peer else None,
+                )
             )
-        )
+        finally:
+            self._calls[id(gateway)] -= 1
+            if self._retired:
+                self._close_idle()
         # The key only identified the session. mitmweb lists flows and can save them: the flow keeps
         # the headers redacted, as the capture store does (polar never sends them upstream).
         for name in SECRET_HEADERS:
@@ -123,8 +157,24 @@ class PolarAddon:
                 f"{k}={out.meta[k]}" for k in ("session", "provider", "prompt_tokens", "completion_tokens") if k in out.meta
             )
 
+    def _close_idle(self) -> None:
+        """Close the parts of retired gateways whose last call has finished and that nothing else uses."""
+        live = [g for g in [self.gateway, *self._retired] if g is self.gateway or self._calls.get(id(g), 0)]
+        for gateway in [g for g in self._retired if g not in live]:
+            self._retired.remove(gateway)
+            self._calls.pop(id(gateway), None)
+            if all(gateway.writer is not g.writer for g in live):
+                gateway.writer.close()
+            if all(gateway.backend is not g.backend for g in live):
+                try:
+                    asyncio.get_running_loop().create_task(gateway.backend.aclose())
+                except RuntimeError:
+                    pass  # configured outside a loop (a test by hand): its client goes with it
+
     async def done(self) -> None:
-        for gateway in [*self._retired, self.gateway]:
-            if gateway is not None:
-                await gateway.backend.aclose()
-                gateway.store.close()
+        gateways = [*self._retired, self.gateway]
+        for backend in {id(g.backend): g.backend for g in gateways if g is not None}.values():
+            await backend.aclose()
+        for writer in {id(g.writer): g.writer for g in gateways if g is not None}.values():
+            writer.close()
+

@@ -25,7 +25,7 @@ from mitmproxy import contentviews
 from pydantic import ValidationError
 
 from polar.canonical import ChatRequest
-from polar.capture.store import CaptureStore
+from polar.capture.reader import CaptureReader
 from polar.trajectories.builders import prefix_merge
 from polar.trajectories.model import Trajectory
 
@@ -54,7 +54,7 @@ class SessionCache:
         self.size = size
         self._entries: OrderedDict[str, tuple[tuple, list[dict[str, Any]], list[Trajectory]]] = OrderedDict()
 
-    def get(self, store: CaptureStore, session: str, version: tuple) -> tuple[list[dict[str, Any]], list[Trajectory]]:
+    def get(self, store: CaptureReader, session: str, version: tuple) -> tuple[list[dict[str, Any]], list[Trajectory]]:
         entry = self._entries.get(session)
         if entry is None or entry[0] != version:
             rows = list(store.calls(session=session))
@@ -66,10 +66,10 @@ class SessionCache:
         return entry[1], entry[2]
 
 
-def load_call(store: CaptureStore, row_id: int, call_id: str | None = None,
+def load_call(store: CaptureReader, row_id: int, call_id: str | None = None,
               cache: SessionCache | None = None) -> CapturedCall:
     """Read a call and rebuild its session's trajectories. `call_id` guards against a flow from another database."""
-    conn = store.reader()
+    conn = store.connect()
     try:
         found = conn.execute("SELECT session_id, call_id FROM calls WHERE id=?", (row_id,)).fetchone()
         version = found and tuple(conn.execute(
@@ -267,5 +267,5 @@ class PolarContentview(contentviews.Contentview):
         gateway = self._gateway()
         if gateway is None:
             raise ValueError("the polar gateway is not configured in this mitmproxy")
-        call = load_call(gateway.store, ref["row"], ref.get("call_id"), self._sessions)
+        call = load_call(gateway.reader, ref["row"], ref.get("call_id"), self._sessions)
         return render(call, tokenizer_of(gateway.backend), self.low_prob)

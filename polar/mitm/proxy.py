@@ -109,15 +109,15 @@ class BackgroundProxy:
     # -- weight updates, from any thread: the gateway lives on the proxy's own event loop --------
 
     def pause_sampling(self) -> None:
-        self._on_loop(self.addon.gateway.pause)
+        self._on_loop(self.addon.gate.pause)
 
     def resume_sampling(self, policy_version: str | None = None) -> None:
-        self._on_loop(self.addon.gateway.resume, policy_version)
+        self._on_loop(self.addon.gate.resume, policy_version)
 
     def drain(self, timeout: float = 60.0) -> bool:
         """Wait until no model call is being sampled; False when `timeout` passed first."""
         future = asyncio.run_coroutine_threadsafe(
-            asyncio.wait_for(self.addon.gateway.drain(), timeout), self.master.event_loop)
+            asyncio.wait_for(self.addon.gate.drain(), timeout), self.master.event_loop)
         try:
             future.result(timeout + 1)
             return True

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from polar.capture.store import CaptureStore
+from polar.capture.reader import CaptureReader
 from polar.rollout.tasks import SessionResult, harness_name
 from polar.sqlite_files import WrongDatabase, open_readonly
 from polar.trajectories.builders import by_session, is_failed, is_sample, prefix_merge
@@ -186,13 +186,10 @@ def _read_state(path: Path) -> list[SessionStats]:
 
 def _read_captures(path: Path) -> list[dict[str, Any]]:
     _open(path, "captures").close()
-    store = CaptureStore(path, readonly=True)
     try:
-        return list(store.calls())
+        return list(CaptureReader(path).calls())
     except sqlite3.DatabaseError as exc:
         raise ReportInputError(f"{path}: cannot read the captured calls: {exc}", "captures") from None
-    finally:
-        store.close()
 
 
 def _attach_captures(sessions: dict[str, SessionStats], rows: Iterable[dict[str, Any]]) -> None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Protocol
 
-from polar.capture.store import CaptureStore
+from polar.capture.reader import CaptureReader
 from polar.rollout.node import GatewayNode
 from polar.rollout.state import RolloutState
 from polar.rollout.tasks import SessionResult, SessionSpec, TaskSpec
@@ -67,7 +68,7 @@ class LocalNode:
 
     async def in_flight_calls(self) -> int:
         if (gateway := self._gateway()) is not None:
-            return gateway.addon.gateway.in_flight
+            return gateway.addon.gate.in_flight
         return await asyncio.to_thread(pending_calls, self.capture_db)
 
     def _gateway(self):
@@ -89,12 +90,9 @@ class LocalNode:
 
 def pending_calls(capture_db: str | None) -> int:
     """Model calls the gateway has started and not finished (rows still `pending`)."""
-    if not capture_db:
+    if not capture_db or not Path(capture_db).is_file():
         return 0
-    try:
-        conn = CaptureStore(capture_db, readonly=True).reader()
-    except FileNotFoundError:
-        return 0
+    conn = CaptureReader(capture_db).connect()
     try:
         return conn.execute("SELECT count(*) FROM calls WHERE status = 'pending'").fetchone()[0]
     finally:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from polar.capture.store import CaptureStore
+from polar.capture.reader import CaptureReader
 from polar.harnesses import Harness, SessionContext, make_harness, write_files
 from polar.rollout.evaluators import EvalContext, Evaluation, Evaluator, make_evaluator
 from polar.rollout.node import HarnessRun, NodeConfig
@@ -220,7 +220,7 @@ class SessionPhases:
         return result
 
     def _trajectories(self, spec: SessionSpec, run: HarnessRun, policy_version: int | None) -> list[Trajectory]:
-        rows = list(CaptureStore(self.env.capture_db, readonly=True).calls(session=spec.capture_id))
+        rows = list(CaptureReader(self.env.capture_db).calls(session=spec.capture_id))
         trajectories = prefix_merge(rows)
         for t in trajectories:
             t.task = spec.task.id

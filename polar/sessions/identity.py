@@ -43,6 +43,7 @@ class SessionRegistry:
     def __init__(self, salt: bytes | None = None):
         self._salt = salt or os.environ.get("POLAR_KEY_SALT", "").encode() or os.urandom(16)
         self._by_key: dict[str, str] = {}
+        self._keys: dict[str, str] = {}  # key → session, in memory only: to re-hash under a new salt
         self._by_addr: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -52,6 +53,13 @@ class SessionRegistry:
     def register_key(self, key: str, session: str) -> None:
         with self._lock:
             self._by_key[self.hash_key(key)] = session
+            self._keys[key] = session
+
+    def resalt(self, salt: bytes) -> None:
+        """A new capture database brings its own salt: registered keys are re-hashed under it."""
+        with self._lock:
+            self._salt = salt
+            self._by_key = {self.hash_key(k): s for k, s in self._keys.items()}
 
     def register_address(self, address: str, session: str) -> None:
         with self._lock:
@@ -64,6 +72,7 @@ class SessionRegistry:
     def forget_key(self, key: str) -> None:
         with self._lock:
             self._by_key.pop(self.hash_key(key), None)
+            self._keys.pop(key, None)
 
     def resolve(self, path: str, headers: dict[str, str], client_addr: str | None) -> Identity:
         key = client_key(headers)

@@ -14,6 +14,7 @@ from typing import Any
 
 from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, Reasoning, TextPart, Tool, ToolCall, Usage
 from polar.errors import GatewayError
+from polar.sessions.state import SessionView
 from polar.upstream.http import UpstreamHTTP
 
 class VLLMChat:
@@ -51,7 +52,7 @@ class VLLMChat:
 
     # -- calls -----------------------------------------------------------------------------
 
-    async def complete(self, request: ChatRequest, call_id: str, session: str = "", row_id: int = 0) -> ChatResult:
+    async def complete(self, request: ChatRequest, call_id: str, session: SessionView | None = None) -> ChatResult:
         body = await self.chat_body(request)
         started = time.time()
         data = await self.http.call("POST", "/v1/chat/completions", body)
@@ -142,7 +143,7 @@ def parse_chat_completion(data: Any, call_id: str, request: ChatRequest, started
         completion_ids = list(choice.get("token_ids") or [])
         prompt_ids = list(data.get("prompt_token_ids") or [])
         logprob_items = (choice.get("logprobs") or {}).get("content") or []
-        logprobs = [float(item["logprob"]) for item in logprob_items]
+        logprobs = logprobs_or_none([item.get("logprob") for item in logprob_items], len(completion_ids))
         usage = data.get("usage") or {}
         tool_calls = [
             ToolCall(
@@ -185,3 +186,11 @@ def parse_chat_completion(data: Any, call_id: str, request: ChatRequest, started
         completion_token_ids=completion_ids,
         completion_logprobs=logprobs,
     )
+
+
+def logprobs_or_none(values: list, n_tokens: int) -> list[float] | None:
+    """The sampled tokens' logprobs, or None when the upstream did not give one for every token:
+    a trainer must see that they are missing, never a made-up 0.0 (probability one)."""
+    if len(values) != n_tokens or any(not isinstance(v, (int, float)) for v in values):
+        return None
+    return [float(v) for v in values]

@@ -14,14 +14,13 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
 
-from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, Reasoning, TextPart, Usage
+from polar.canonical import ChatRequest, ChatResult, ImagePart, Reasoning, Usage
 from polar.errors import GatewayError
-from polar.tokens.buffers import Extension, SessionBuffers, Turn, message_fingerprint, request_context_key
+from polar.sessions.state import Extension, SessionView
 from polar.tokens.parsers import parse_turn
 from polar.tokens.template import ChatTemplate
-from polar.upstream.vllm_chat import VLLMChat, to_openai_messages, to_openai_tools
+from polar.upstream.vllm_chat import VLLMChat, logprobs_or_none, to_openai_messages, to_openai_tools
 
 log = logging.getLogger("polar.tokens")
 
@@ -34,7 +33,6 @@ class TokenFaithful:
         self.template = template
         self.family = family
         self.endpoint = endpoint  # auto | generate | completions
-        self.buffers = SessionBuffers()
         self._max_model_len: int | None = None
 
     async def model(self) -> str:
@@ -46,13 +44,12 @@ class TokenFaithful:
     async def count_tokens(self, request: ChatRequest) -> int:
         return len(await asyncio.to_thread(self._render_all, request))
 
-    async def complete(self, request: ChatRequest, call_id: str, session: str = "", row_id: int = 0) -> ChatResult:
+    async def complete(self, request: ChatRequest, call_id: str, session: SessionView | None = None) -> ChatResult:
         if any(isinstance(p, ImagePart) for m in request.messages for p in m.content):
             result = await self.chat.complete(request, call_id)  # vLLM's own multimodal processing
             result.prompt_mode = "chat-template (images)"
             return result
-        keys = [message_fingerprint(m) for m in request.messages]
-        extension, reason = self.buffers.find(session, request, keys)
+        extension, reason = session.extension(request) if session else (None, "no session state")
         if extension is not None:
             prompt_ids, mode = self._extend(extension, request)
             if prompt_ids is None:
@@ -63,19 +60,6 @@ class TokenFaithful:
         sampled, logprobs, finish, stop_reason, version = await self._sample(prompt_ids, request)
         result = self._result(request, call_id, prompt_ids, sampled, logprobs, finish, stop_reason, version)
         result.prompt_mode = mode
-        self.buffers.record(
-            session,
-            Turn(
-                call_row=row_id,
-                context_key=request_context_key(request),
-                message_keys=keys,
-                answer_key=message_fingerprint(_assistant_message(result)),
-                ids=np.concatenate([np.asarray(prompt_ids, "<u4"), np.asarray(sampled, "<u4")]),
-                prompt_len=len(prompt_ids),
-                ended_with_eos=bool(sampled) and sampled[-1] == self.template.end_of_turn_id,
-            ),
-            extended=extension.turn if extension is not None else None,
-        )
         return result
 
     # -- prompt construction ---------------------------------------------------------------
@@ -89,8 +73,10 @@ class TokenFaithful:
 
     def _extend(self, ext: Extension, request: ChatRequest) -> tuple[list[int] | None, str]:
         new = [m for msg in ext.new_messages for m in to_openai_messages(msg)]
+        sampled_any = len(ext.turn.ids) > ext.turn.prompt_len
+        ended_with_eos = sampled_any and int(ext.turn.ids[-1]) == self.template.end_of_turn_id
         cont = self.template.continuation(
-            new, self._tools(request), request.thinking.enabled, previous_ended_with_eos=ext.turn.ended_with_eos
+            new, self._tools(request), request.thinking.enabled, previous_ended_with_eos=bool(ended_with_eos)
         )
         if cont.failure:
             return None, f"template cannot render the new messages alone: {cont.failure}"
@@ -172,19 +158,10 @@ class TokenFaithful:
             usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(sampled)),
             prompt_token_ids=list(prompt_ids),
             completion_token_ids=list(sampled),
-            completion_logprobs=list(logprobs),
+            completion_logprobs=logprobs,
             policy_version=version,
             malformed=list(parsed.malformed),
         )
-
-
-def _assistant_message(result: ChatResult) -> Message:
-    return Message(
-        role="assistant",
-        content=[TextPart(text=result.content)] if result.content else [],
-        reasoning=[result.reasoning] if result.reasoning else [],
-        tool_calls=result.tool_calls,
-    )
 
 
 def _from_generate(data: Any):
@@ -192,7 +169,7 @@ def _from_generate(data: Any):
         choice = data["choices"][0]
         ids = list(choice["token_ids"])
         content = (choice.get("logprobs") or {}).get("content") or []
-        logprobs = [float(c["logprob"]) for c in content]
+        logprobs = logprobs_or_none([c.get("logprob") for c in content], len(ids))
         versions = choice.get("weight_versions") or []
         version = versions[-1].get("version") if versions else None
         return ids, logprobs, choice.get("finish_reason") or "stop", choice.get("stop_reason"), version
@@ -205,7 +182,7 @@ def _from_completions(data: Any):
         choice = data["choices"][0]
         ids = list(choice["token_ids"])
         lp = choice.get("logprobs") or {}
-        logprobs = [float(x) if x is not None else 0.0 for x in (lp.get("token_logprobs") or [])]
+        logprobs = logprobs_or_none(lp.get("token_logprobs") or [], len(ids))
         return ids, logprobs, choice.get("finish_reason") or "stop", choice.get("stop_reason"), None
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise GatewayError("upstream_error", f"the upstream's completion answer has no token ids ({exc})") from None

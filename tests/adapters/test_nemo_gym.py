@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar.capture.store import CaptureStore
+from polar.capture.reader import CaptureReader
 from polar.mitm.proxy import free_port
 from polar.rollout.state import RolloutState
 
@@ -178,7 +178,7 @@ def test_nemo_gym_collects_scored_polar_rollouts(nemo_gym_venv, tokenizer_dir, t
 
     rollouts = [json.loads(line) for line in collected.read_text().splitlines()]
     results = {r.session_id: r for r in RolloutState(work / "rollout.db").all_results()}
-    store = CaptureStore(work / "captures.db", readonly=True)
+    store = CaptureReader(work / "captures.db")
     assert len(rollouts) == 2 * GROUP and len(results) == 3 * GROUP
     for rollout in rollouts:
         result = results[rollout["polar_session_id"]]

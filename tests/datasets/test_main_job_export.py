@@ -16,7 +16,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from polar.capture.store import CaptureStore
+from polar.capture.reader import CaptureReader
 from polar.cli import main
 from polar.datasets import load_chat, parse_chat_row, stream_rl_groups, tokens
 from polar.rollout.client import RolloutClient
@@ -70,7 +70,7 @@ def test_the_main_job_ran_token_faithful_on_the_project_template(main_job, token
     # polar's gateway builds prompts with ChatTemplate.from_dir(tokenizer) (polar/mitm/addon.py: token_faithful):
     # the tokenizer dir's own template, which scripts/build_tiny_model.py copies from the project's file
     assert ChatTemplate.from_dir(tokenizer_dir).template_text == PROJECT_TEMPLATE.read_text()
-    store = CaptureStore(main_job.captures, readonly=True)
+    store = CaptureReader(main_job.captures)
     try:
         modes = {row["prompt_mode"].split(":")[0] for row in store.calls(with_tokens=False) if row["prompt_len"]}
     finally:
@@ -109,7 +109,7 @@ def test_every_trajectory_exports_and_loads(exported, results, tmp_path):
 
 def test_token_rows_are_the_captured_tokens(main_job, exported, tokenizer, tmp_path):
     out, _ = exported
-    store = CaptureStore(main_job.captures, readonly=True)
+    store = CaptureReader(main_job.captures)
     try:
         calls = {row["call_id"]: row for row in store.calls()}
     finally:

@@ -58,6 +58,7 @@ def script_steps(thinking: bool) -> list[dict]:
 
 
 TURNS = 11  # model calls per session
+Between = Callable[[int], None] | None  # called after each turn with its index
 MAX_TOKENS = 400
 
 
@@ -66,7 +67,7 @@ def tool_output(name: str, args: dict) -> str:
             "edit_file": "ok", "run": "1 passed in 0.01s ✓"}[name]
 
 
-def drive_anthropic(url: str, session: str, thinking: bool) -> int:
+def drive_anthropic(url: str, session: str, thinking: bool, between: Between = None) -> int:
     import anthropic
 
     client = anthropic.Anthropic(base_url=url, api_key="sk-ant", default_headers={"x-polar-session": session})
@@ -86,10 +87,12 @@ def drive_anthropic(url: str, session: str, thinking: bool) -> int:
                 {"type": "tool_result", "tool_use_id": c.id, "content": tool_output(c.name, c.input)} for c in calls]})
         else:
             messages.append({"role": "user", "content": next(follow, "Thanks.")})
+        if between:
+            between(turn)  # e.g. kill and restart the gateway between two turns
     return TURNS
 
 
-def drive_chat(url: str, session: str, thinking: bool, turns: int = TURNS) -> int:
+def drive_chat(url: str, session: str, thinking: bool, turns: int = TURNS, between: Between = None) -> int:
     import openai
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk", default_headers={"x-polar-session": session})
@@ -107,10 +110,12 @@ def drive_chat(url: str, session: str, thinking: bool, turns: int = TURNS) -> in
                                  "content": tool_output(c.function.name, json.loads(c.function.arguments))})
         else:
             messages.append({"role": "user", "content": next(follow, "Thanks.")})
+        if between:
+            between(turn)  # e.g. kill and restart the gateway between two turns
     return turns
 
 
-def drive_responses(url: str, session: str, thinking: bool) -> int:
+def drive_responses(url: str, session: str, thinking: bool, between: Between = None) -> int:
     import openai
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk", default_headers={"x-polar-session": session})
@@ -133,10 +138,12 @@ def drive_responses(url: str, session: str, thinking: bool) -> int:
                           "output": tool_output(c.name, json.loads(c.arguments))})
         if not calls:
             items.append({"role": "user", "content": next(follow, "Thanks.")})
+        if between:
+            between(turn)  # e.g. kill and restart the gateway between two turns
     return TURNS
 
 
-def drive_gemini(url: str, session: str, thinking: bool) -> int:
+def drive_gemini(url: str, session: str, thinking: bool, between: Between = None) -> int:
     from google import genai
     from google.genai import types
 
@@ -159,6 +166,8 @@ def drive_gemini(url: str, session: str, thinking: bool) -> int:
                     name=c.name, id=c.id, response={"output": tool_output(c.name, dict(c.args))})) for c in calls]))
         else:
             contents.append(types.Content(role="user", parts=[types.Part(text=next(follow, "Thanks."))]))
+        if between:
+            between(turn)  # e.g. kill and restart the gateway between two turns
     return TURNS
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar.capture.store import CaptureStore
+from polar.capture.reader import CaptureReader
 from polar.mitm.proxy import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,9 +69,7 @@ def test_explicit_proxy_https_with_addon_script(stack, mitmdump):
     assert resp.status_code == 200, resp.text
     assert resp.json()["content"][0]["text"] == "hello through the explicit proxy"
     time.sleep(0.5)  # let mitmdump flush the flow file
-    store = CaptureStore(db)
-    rows = list(store.calls())
-    store.close()
+    rows = list(CaptureReader(db).calls())
     assert len(rows) == 1 and rows[0]["provider"] == "anthropic" and rows[0]["completion_len"] > 0
 
     from mitmproxy import io

@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from polar.capture.store import CaptureStore
+from polar.capture.reader import CaptureReader
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 
 PATHS = {
@@ -142,7 +142,7 @@ def test_upstream_timeout(double_server, provider, tmp_path):
         httpx.post(f"{upstream}/_double/fault", json={"mode": "timeout", "seconds": 30, "count": 1}).raise_for_status()
         resp = post(proxy.url, provider, GOOD[provider])
         assert resp.status_code == 504 and error_message(provider, resp.json())
-        row = next(r for r in CaptureStore(db, readonly=True).calls() if r["call_id"] == resp.headers["x-polar-call-id"])
+        row = next(r for r in CaptureReader(db).calls() if r["call_id"] == resp.headers["x-polar-call-id"])
         assert row["status"] == "error" and row["error_kind"] == "upstream_timeout"
     finally:
         proxy.stop()
@@ -161,11 +161,7 @@ def dead_upstream_stack(stack, tmp_path_factory):
 
         @staticmethod
         def row(call_id):
-            store = CaptureStore(db)
-            try:
-                return next(r for r in store.calls() if r["call_id"] == call_id)
-            finally:
-                store.close()
+            return next(r for r in CaptureReader(db).calls() if r["call_id"] == call_id)
 
     yield Dead()
     proxy.stop()

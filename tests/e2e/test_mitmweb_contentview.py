@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from polar.capture.store import CaptureStore
+from polar.capture.reader import CaptureReader
 from polar.mitm.contentview import LOW_MARK
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 from polar.trajectories.builders import prefix_merge
@@ -46,7 +46,7 @@ def test_mitmweb_polar_view_shows_the_captured_call(browser, double_server, toke
     proxy.start()
     try:
         _agent_turn(proxy.url, "view-1")
-        rows = list(CaptureStore(db, readonly=True).calls(session="view-1"))
+        rows = list(CaptureReader(db).calls(session="view-1"))
         (trajectory,) = prefix_merge(rows)
         answer = rows[1]  # the call the browser inspects
 

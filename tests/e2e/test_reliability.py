@@ -12,7 +12,7 @@ import uuid
 
 import httpx
 
-from polar.capture.store import CaptureStore
+from polar.capture.reader import CaptureReader
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 
 BODY = {"model": "claude-x", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
@@ -92,7 +92,7 @@ def test_sigkill_mid_load_keeps_committed_rows_and_marks_the_rest(double_server,
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         statuses = dict(conn.execute("SELECT status, count(*) FROM calls GROUP BY status").fetchall())
         assert "pending" not in statuses
-        rows = {r["call_id"]: r for r in CaptureStore(db, readonly=True).calls()}
+        rows = {r["call_id"]: r for r in CaptureReader(db).calls()}
         for call_id in answered:  # every answer a client saw was committed first, tokens intact
             row = rows[call_id]
             assert row["status"] == "ok" and row["completion_ids"] and len(row["completion_logprobs"]) == len(

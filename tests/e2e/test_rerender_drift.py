@@ -53,9 +53,9 @@ def test_rerender_drift_is_reported(tokenizer_dir, shared_templates, tmp_path, t
     finally:
         proxy.stop()
         server.stop()
-    from polar.capture.store import CaptureStore
+    from polar.capture.reader import CaptureReader
 
-    rows = list(CaptureStore(tmp_path / "captures.db", readonly=True).calls(session=session))
+    rows = list(CaptureReader(tmp_path / "captures.db").calls(session=session))
     assert len(rows) == 6 and all(r["prompt_mode"] == "chat-template" for r in rows)
     (report,) = drift_report(rows, tokenizer=double.tokenizer)
     trajectories = prefix_merge(rows)

@@ -32,4 +32,4 @@ def test_pause_holds_calls_and_resume_stamps_the_policy_version(stack):
         (row,) = stack.rows(session)
         assert row["policy_version"] == "step-42"
     finally:
-        stack.proxy.addon.gateway.policy_version = None  # the shared stack's later tests see no version
+        stack.proxy.addon.gate.policy_version = None  # the shared stack's later tests see no version

@@ -41,9 +41,9 @@ class Polar:
     mode: str  # "chat-template" | "token-faithful"
 
     def rows(self, session: str) -> list[dict]:
-        from polar.capture.store import CaptureStore
+        from polar.capture.reader import CaptureReader
 
-        return list(CaptureStore(self.db, readonly=True).calls(session=session))
+        return list(CaptureReader(self.db).calls(session=session))
 
 
 @pytest.fixture(scope="module")

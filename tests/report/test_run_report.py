@@ -179,7 +179,7 @@ def test_capture_db_only_report(crafted_captures, browser, tmp_path):
     page, plots, screenshot, requests = open_report(browser, out, tmp_path / "captures.png")
     try:
         assert all(url.startswith(("file:", "data:")) for url in requests), requests
-        assert sorted(p["key"] for p in plots) == ["drift", "prefix-merge", "tokens"]  # crafted calls hold no times
+        assert sorted(p["key"] for p in plots) == ["drift", "latency", "prefix-merge", "tokens"]  # crafted calls are timed
         assert_drawn(plots, screenshot)
         assert "Needs the rollout state" in page.locator("#rewards").inner_text()
         assert "Stage timings need the rollout state" in page.locator("#timings").inner_text()
@@ -249,7 +249,7 @@ def test_large_run_plots_distributions(large_run, tmp_path):
     assert code == 0, output
     html = out.read_text()
     figures = dict(re.findall(r'data-plot="([^"]+)">\s*<img src="data:image/png;base64,([^"]+)"', html))
-    assert sorted(figures) == ["prefix-merge", "rewards", "timings", "tokens"]  # crafted calls hold no times
+    assert sorted(figures) == ["latency", "prefix-merge", "rewards", "timings", "tokens"]  # crafted calls are timed
     for key, data in figures.items():
         image = Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
         pixels = np.asarray(image).reshape(-1, 3).astype(int)
@@ -296,9 +296,9 @@ def test_bad_inputs_are_clear_click_errors(crafted_captures, tmp_path):
 
 
 def _rows(captures: Path) -> list[dict]:
-    from polar.capture.store import CaptureStore
+    from polar.capture.reader import CaptureReader
 
-    store = CaptureStore(captures, readonly=True)
+    store = CaptureReader(captures)
     try:
         return list(store.calls())
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from polar.capture.store import CaptureStore
+from polar.capture.reader import CaptureReader
 from polar.cli.demo import TASKS, demo_tasks, scripted_rule
 from polar.harnesses import get
 from polar.rollout.state import RolloutState
@@ -36,7 +36,7 @@ def test_main_job_scores_every_session(main_job):
     # under the session, answered by polar in the CLI's own provider format.
     steps = {t.id: len(scripted_rule(t, get(harness))["steps"]) for t in tasks}
     markers = {t.id: t.metadata["scripted"]["marker"].encode() for t in tasks}
-    store = CaptureStore(main_job.captures, readonly=True)
+    store = CaptureReader(main_job.captures)
     try:
         for r in results:
             rows = [row for row in store.calls(session=r.session_id, with_tokens=False)

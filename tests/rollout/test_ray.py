@@ -58,7 +58,7 @@ ONE_CALL = ("{python} -c \"import openai; openai.OpenAI(max_retries=0).chat.comp
 
 def test_real_sessions_on_a_gateway_node_actor(local_ray, double_server, tokenizer_dir, tmp_path):
     """The actor embeds its own polar and local runtime and captures into its own database."""
-    from polar.capture.store import CaptureStore
+    from polar.capture.reader import CaptureReader
     from polar.rollout.ray_nodes import launch_nodes
     from polar.rollout.tasks import Named
 
@@ -88,7 +88,7 @@ def test_real_sessions_on_a_gateway_node_actor(local_ray, double_server, tokeniz
     assert [(r.outcome, r.reward) for r in results] == [("ok", 1.0)] * 2, results
     assert all(len(r.trajectories) == 1 and r.trajectories[0].trainable_tokens for r in results)
     (db,) = tmp_path.glob("captures-gw-*.db")  # named after the actor
-    captured = list(CaptureStore(db, readonly=True).calls(with_tokens=False))
+    captured = list(CaptureReader(db).calls(with_tokens=False))
     assert sorted(row["session_id"] for row in captured) == sorted(r.session_id for r in results)
 
 

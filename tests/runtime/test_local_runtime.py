@@ -54,7 +54,7 @@ def test_https_calls_go_through_polar_in_explicit_proxy_mode(regular_proxy, runt
     assert curl.ok, curl
     assert "hi via curl" in json.loads(curl.stdout)["choices"][0]["message"]["content"]
     assert sdk.ok and "hello through the SDK" in sdk.stdout, sdk
-    store = proxy.addon.gateway.store
+    store = proxy.addon.gateway.reader
     for session in ("local-curl", "local-sdk"):
         rows = list(store.calls(session=session, with_tokens=False))
         assert [(r["provider"], r["status"]) for r in rows] == [("openai_chat", "ok")]

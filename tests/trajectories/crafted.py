@@ -1,13 +1,9 @@
-"""Crafted capture stores for the trajectory tests, written through the store's own API, and a
+"""Crafted capture databases for the trajectory tests (tests/support/captures.Recorder), and a
 real multi-turn session driven through polar with the official openai SDK."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from pathlib import Path
-
-from polar.capture.store import CaptureStore
+from tests.support.captures import Recorder  # noqa: F401  (the trajectory tests import it from here)
 
 
 def conversation(task: str, rounds: int, tail: str = "tool") -> list[dict]:
@@ -18,71 +14,6 @@ def conversation(task: str, rounds: int, tail: str = "tool") -> list[dict]:
         messages.append({"role": "assistant", "content": [{"text": f"step {i}"}]})
         messages.append({"role": tail, "content": [{"text": f"result {i}"}]})
     return messages
-
-
-class Recorder:
-    """Writes calls into a real CaptureStore the way the gateway does (begin → finish)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.store = CaptureStore(path)
-        self._closed = False
-
-    def close(self) -> None:
-        """Stop the store's writer (once), e.g. before another process opens the database."""
-        if not self._closed:
-            self._closed = True
-            self.store.close()
-
-    def call(
-        self,
-        session: str,
-        prompt: list[int],
-        completion: list[int],
-        messages: list[dict] | None = None,
-        finish: str = "stop",
-        mode: str = "token-faithful",
-        logprobs: list[float] | None = None,
-        metadata: dict | None = None,
-        policy: str | None = None,
-    ) -> int:
-        row_id = self._begin(session)
-        fields = self.store.tokens_fields(
-            session, row_id, prompt, completion,
-            [-0.25 - i / 100 for i in range(len(completion))] if logprobs is None else logprobs,
-        )
-        fields.update(status="ok", finish_reason=finish, prompt_mode=mode, policy_version=policy,
-                      model="test-model", canonical=self._canonical(messages, metadata))
-        asyncio.run(self.store.finish(row_id, fields))
-        return row_id
-
-    def fail(self, session: str, messages: list[dict] | None = None, status: str = "error") -> int:
-        row_id = self._begin(session)
-        fields = {"status": status, "error_kind": "upstream", "error": "scripted failure",
-                  "canonical": self._canonical(messages, None)}
-        asyncio.run(self.store.finish(row_id, fields))
-        return row_id
-
-    def count_tokens(self, session: str) -> int:
-        """An ok call that samples nothing (a token count): no token columns."""
-        row_id = self._begin(session)
-        asyncio.run(self.store.finish(row_id, {"status": "ok", "http_status": 200}))
-        return row_id
-
-    def rows(self) -> list[dict]:
-        return list(self.store.calls())
-
-    def _begin(self, session: str) -> int:
-        row_id = self.store.allocate_id()
-        self.store.begin({"id": row_id, "call_id": f"c{row_id:04d}", "session_id": session,
-                          "provider": "test", "status": "pending"})
-        return row_id
-
-    @staticmethod
-    def _canonical(messages: list[dict] | None, metadata: dict | None) -> str | None:
-        if messages is None:
-            return None
-        return json.dumps({"model": "test-model", "messages": messages, **({"metadata": metadata} if metadata else {})})
 
 
 # -- a real session: the official openai SDK -> polar -> the scripted vLLM double ------------------

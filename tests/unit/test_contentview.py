@@ -5,7 +5,6 @@ Rendered through mitmproxy's own `prettify_message`, the function mitmweb's cont
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
@@ -16,15 +15,15 @@ import pytest
 from mitmproxy import contentviews, ctx
 from mitmproxy.test import taddons, tflow
 
-from polar.capture.store import CaptureStore
 from polar.mitm.contentview import LOW_MARK, PolarContentview
+from tests.support.captures import Recorder
 
 
 class _Gateway:
-    """What the view reads from the addon's gateway: its store, and a backend with or without a tokenizer."""
+    """What the view reads from the addon's gateway: its capture reader, and a backend with or without a tokenizer."""
 
-    def __init__(self, store: CaptureStore, backend: object = None):
-        self.store, self.backend = store, backend
+    def __init__(self, recorder: Recorder, backend: object = None):
+        self.reader, self.backend = recorder.reader, backend
 
 
 def _registry(view: PolarContentview) -> contentviews.ContentviewRegistry:
@@ -59,28 +58,24 @@ def _show(view: PolarContentview, flow) -> contentviews.ContentviewResult:
         return contentviews.prettify_message(flow.response, flow, view_name="polar", registry=_registry(view))
 
 
-def _capture(store: CaptureStore, session: str, prompt: list[int], completion: list[int], logprobs: list[float],
+def _capture(rec: Recorder, session: str, prompt: list[int], completion: list[int], logprobs: list[float],
              result: dict) -> int:
-    row_id = store.allocate_id()
-    store.begin({"id": row_id, "call_id": f"call-{row_id}", "session_id": session, "provider": "openai_chat",
-                 "endpoint": "generate", "status": "pending"})
-    fields = store.tokens_fields(session, row_id, prompt, completion, logprobs)
-    canonical = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
-    asyncio.run(store.finish(row_id, {"status": "ok", "result": json.dumps(result), "canonical": canonical,
-                                      "finish_reason": result["finish_reason"], **fields}))
-    return row_id
+    """A call as the gateway writes it; its call id is c%04d of its row id (a fresh database)."""
+    return rec.call(session, prompt, completion, messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                    finish=result["finish_reason"], mode=result.get("prompt_mode", "chat-template"), logprobs=logprobs,
+                    result=result, provider="openai_chat")
 
 
 def test_ids_only_marks_and_sorts_low_probability_tokens(tmp_path):
     """Chat-template mode (no tokenizer): the store's ids and logprobs, low ones marked and listed first."""
-    store = CaptureStore(tmp_path / "c.db")
+    store = Recorder(tmp_path / "c.db")
     result = {"id": "x", "model": "tiny", "created": 0, "content": "Hello", "finish_reason": "stop",
               "usage": {"prompt_tokens": 3, "completion_tokens": 3}, "prompt_mode": "chat-template"}
     first = _capture(store, "s-ids", [1, 2, 3], [10, 11, 12], [-0.5, -3.0, -0.25], result)
     second = _capture(store, "s-ids", [1, 2, 3, 10, 11, 12, 4], [13, 14], [-0.125, -2.5], result)
     view = PolarContentview(lambda: _Gateway(store), low_prob=0.1)
 
-    shown = _show(view, _flow({"row": second, "call_id": f"call-{second}", "session": "s-ids"}))
+    shown = _show(view, _flow({"row": second, "call_id": f"c{second:04d}", "session": "s-ids"}))
     assert shown.view_name == "polar"
     lines = shown.text.splitlines()
     assert lines[0].split() == ["session", "s-ids", "(2", "calls,", "1", "trajectory)"]
@@ -136,22 +131,22 @@ def test_tool_call_through_the_gateway_decodes_the_captured_tokens(stack):
 
 
 def test_other_flows_are_refused_with_a_reason(tmp_path):
-    store = CaptureStore(tmp_path / "c.db")
+    store = Recorder(tmp_path / "c.db")
     result = {"id": "x", "model": "tiny", "created": 0, "finish_reason": "stop"}
     row = _capture(store, "s", [1], [2], [-0.1], result)
     view = PolarContentview(lambda: _Gateway(store))
     with _test_master():
         plain = _flow(None)
         side_call = _flow({"session": "s", "kind": "side-call"})
-        ours = _flow({"row": row, "call_id": f"call-{row}"})
+        ours = _flow({"row": row, "call_id": f"c{row:04d}"})
         # Never picked by "auto" (raw is 0.1), offered only for polar's model calls.
         assert view.render_priority(b"", contentviews.Metadata(flow=plain)) < 0
         assert view.render_priority(b"", contentviews.Metadata(flow=side_call)) < 0
         assert 0 <= view.render_priority(b"", contentviews.Metadata(flow=ours)) < contentviews.raw.render_priority(b"", None)
     assert "not a model call answered by polar" in _show(view, plain).text
     other_db = _show(view, _flow({"row": row, "call_id": "from-another-db"})).text
-    assert f"holds call call-{row}, not this flow's from-another-db" in other_db
-    assert f"capture row 99 is not in {store.path}" in _show(view, _flow({"row": 99, "call_id": "c"})).text
+    assert f"holds call c{row:04d}, not this flow's from-another-db" in other_db
+    assert f"capture row 99 is not in {store.reader.path}" in _show(view, _flow({"row": 99, "call_id": "c"})).text
     assert "not configured" in _show(PolarContentview(lambda: None), ours).text
     with pytest.raises(ValueError, match="between 0 and 1"):
         PolarContentview(lambda: None, low_prob=0)
@@ -159,12 +154,9 @@ def test_other_flows_are_refused_with_a_reason(tmp_path):
 
 
 def test_failed_call_shows_the_error_and_no_trajectory(tmp_path):
-    store = CaptureStore(tmp_path / "c.db")
-    row_id = store.allocate_id()
-    store.begin({"id": row_id, "call_id": "bad", "session_id": "s", "provider": "anthropic",
-                 "endpoint": "messages", "status": "pending"})
-    asyncio.run(store.finish(row_id, {"status": "error", "error_kind": "upstream", "error": "vLLM answered 500"}))
-    text = _show(PolarContentview(lambda: _Gateway(store)), _flow({"row": row_id, "call_id": "bad"})).text
+    store = Recorder(tmp_path / "c.db")
+    row_id = store.fail("s", error="vLLM answered 500", provider="anthropic")
+    text = _show(PolarContentview(lambda: _Gateway(store)), _flow({"row": row_id, "call_id": f"c{row_id:04d}"})).text
     lines = text.splitlines()
     assert "status      error: upstream: vLLM answered 500" in lines
     assert "trajectory  none: this call sampled no tokens" in lines
@@ -174,21 +166,21 @@ def test_failed_call_shows_the_error_and_no_trajectory(tmp_path):
 
 def test_a_session_is_read_once_until_it_changes(tmp_path, monkeypatch):
     """Viewing call after call of one session re-reads it only when a call was added or finished."""
-    store = CaptureStore(tmp_path / "c.db")
+    store = Recorder(tmp_path / "c.db")
     result = {"id": "x", "model": "tiny", "created": 0, "content": "Hi", "finish_reason": "stop",
               "usage": {"prompt_tokens": 3, "completion_tokens": 2}, "prompt_mode": "chat-template"}
     first = _capture(store, "s-cache", [1, 2, 3], [10, 11], [-0.5, -0.5], result)
     reads = []
-    calls = store.calls
-    monkeypatch.setattr(store, "calls", lambda session=None, **kw: reads.append(session) or calls(session, **kw))
+    calls = store.reader.calls
+    monkeypatch.setattr(store.reader, "calls", lambda session=None, **kw: reads.append(session) or calls(session, **kw))
     view = PolarContentview(lambda: _Gateway(store))
-    flow = _flow({"row": first, "call_id": f"call-{first}", "session": "s-cache"})
+    flow = _flow({"row": first, "call_id": f"c{first:04d}", "session": "s-cache"})
     for _ in range(3):
         assert "turn 1 of 1" in _show(view, flow).text
     assert reads == ["s-cache"]
 
     second = _capture(store, "s-cache", [1, 2, 3, 10, 11, 4], [12], [-0.5], result)
     assert "turn 1 of 2" in _show(view, flow).text  # the new call is seen at once
-    assert "turn 2 of 2" in _show(view, _flow({"row": second, "call_id": f"call-{second}", "session": "s-cache"})).text
+    assert "turn 2 of 2" in _show(view, _flow({"row": second, "call_id": f"c{second:04d}", "session": "s-cache"})).text
     assert reads == ["s-cache", "s-cache"]
     store.close()

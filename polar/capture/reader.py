@@ -1,0 +1,139 @@
+"""Reading captures: read-only connections (`mode=ro`), never a schema change, safe beside a live writer.
+
+Rows come back as the caller sees them: JSON decoded, body decompressed, canonical messages resolved
+from the content-addressed `messages` table, and (optionally) token columns decoded into lists, each
+prompt rebuilt by following its lineage of parent rows.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from polar.capture import schema
+from polar.capture.tokens import unpack_ids, unpack_logprobs
+from polar.sqlite_files import open_readonly
+
+_EMPTY = np.zeros(0, dtype="<u4")
+
+
+class CaptureReader:
+    """A capture database opened for reading. Each method opens its own short-lived connection, so one
+    reader may be shared across threads."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        open_readonly(self.path, "capture").close()  # a missing or foreign file is a clear error now
+
+    def connect(self) -> sqlite3.Connection:
+        conn = open_readonly(self.path, "capture")
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def key_salt(self) -> bytes:
+        with _closing(self.connect()) as conn:
+            return schema.secret(conn, "key_salt")
+
+    def prompt_ids(self, row_id: int, conn: sqlite3.Connection | None = None, memo: dict | None = None) -> list[int]:
+        """A call's full prompt, following its parent references. `memo` maps row id → that row's
+        prompt+completion, so reading a whole session resolves each row once."""
+        if conn is None:
+            with _closing(self.connect()) as own:
+                return self.prompt_ids(row_id, own, memo)
+        seq = self._sequence(conn, row_id, {} if memo is None else memo)
+        (completion,) = conn.execute("SELECT completion_len FROM calls WHERE id=?", (row_id,)).fetchone()
+        return seq[: len(seq) - (completion or 0)].tolist()
+
+    def sequence(self, row_id: int, conn: sqlite3.Connection, memo: dict) -> np.ndarray:
+        """A call's prompt + sampled ids, as one uint32 array."""
+        return self._sequence(conn, row_id, memo)
+
+    @staticmethod
+    def _sequence(conn: sqlite3.Connection, row_id: int, memo: dict) -> np.ndarray:
+        chain: list[tuple[int, int, bytes, bytes]] = []
+        cur: int | None = row_id
+        while cur is not None and cur not in memo:
+            found = conn.execute(
+                "SELECT prompt_parent, prompt_prefix_len, prompt_suffix, completion_ids FROM calls WHERE id=?", (cur,)
+            ).fetchone()
+            if found is None:
+                raise LookupError(f"capture row {cur} (in the prompt lineage of row {row_id}) is missing")
+            parent, prefix_len, suffix, completion = found
+            chain.append((cur, prefix_len or 0, suffix or b"", completion or b""))
+            cur = parent if prefix_len else None
+        for rid, prefix_len, suffix, completion in reversed(chain):
+            head = memo[cur][:prefix_len] if cur is not None else _EMPTY
+            memo[rid] = np.concatenate([head, np.frombuffer(suffix, "<u4"), np.frombuffer(completion, "<u4")])
+            cur = rid
+        return memo[row_id]
+
+    def find_call(self, call_id: str, session: str) -> dict[str, Any] | None:
+        """A finished call by its public id, only within the asking session."""
+        with _closing(self.connect()) as conn:
+            row = conn.execute(
+                "SELECT * FROM calls WHERE call_id=? AND session_id=? AND status='ok'", (call_id, session)
+            ).fetchone()
+            return decode_row(conn, row, {}) if row else None
+
+    def recent_calls(self, session: str, limit: int) -> list[dict[str, Any]]:
+        """A session's last `limit` completed calls with tokens, oldest first, token columns decoded."""
+        with _closing(self.connect()) as conn:
+            rows = conn.execute(
+                "SELECT * FROM calls WHERE session_id=? AND status='ok' AND completion_ids IS NOT NULL "
+                "ORDER BY id DESC LIMIT ?", (session, limit),
+            ).fetchall()
+            return [self._with_tokens(conn, row, {}, {}) for row in reversed(rows)]
+
+    def calls(self, session: str | None = None, with_tokens: bool = True) -> Iterator[dict[str, Any]]:
+        """Rows as dicts, oldest first."""
+        with _closing(self.connect()) as conn:
+            sql = "SELECT * FROM calls" + (" WHERE session_id=?" if session else "") + " ORDER BY id"
+            messages: dict[str, Any] = {}
+            memo: dict[int, np.ndarray] = {}
+            for row in conn.execute(sql, (session,) if session else ()).fetchall():
+                yield self._with_tokens(conn, row, messages, memo) if with_tokens else decode_row(conn, row, messages)
+
+    def _with_tokens(self, conn, row: sqlite3.Row, messages: dict, memo: dict) -> dict[str, Any]:
+        out = decode_row(conn, row, messages)
+        out["completion_ids"] = unpack_ids(row["completion_ids"])
+        out["completion_logprobs"] = unpack_logprobs(row["completion_logprobs"])
+        out["prompt_ids"] = self.prompt_ids(row["id"], conn, memo) if row["prompt_len"] is not None else []
+        return out
+
+
+def decode_row(conn: sqlite3.Connection, row: sqlite3.Row, messages: dict[str, Any]) -> dict[str, Any]:
+    """A stored row as the caller sees it: JSON decoded, body decompressed, messages resolved."""
+    out = dict(row)
+    for key in ("request_headers", "canonical", "result", "rewrites"):
+        if out.get(key):
+            out[key] = json.loads(out[key])
+    if out.get("body_encoding") == "zlib" and out.get("request_body"):
+        out["request_body"] = zlib.decompress(out["request_body"])
+    canonical = out.get("canonical")
+    if isinstance(canonical, dict) and "message_refs" in canonical:
+        refs = canonical.pop("message_refs")
+        missing = [h for h in set(refs) if h not in messages]
+        for start in range(0, len(missing), 500):
+            chunk = missing[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for digest, body in conn.execute(f"SELECT hash, body FROM messages WHERE hash IN ({marks})", chunk):
+                messages[digest] = json.loads(body)
+        canonical["messages"] = [messages[h] for h in refs]
+    return out
+
+
+class _closing:
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        return self.conn
+
+    def __exit__(self, *exc) -> None:
+        self.conn.close()

@@ -1,0 +1,141 @@
+"""What the gateway hands the capture writer: typed records, not raw row dicts.
+
+A call is written twice: `CallStart` when it arrives (status pending, so a crash leaves it visible)
+and `CallEnd` when it ends. The token columns come as a `TokenRecord` whose prompt is already split
+against the session's earlier sequences (`Lineage`), computed by the session state before the write
+and remembered by it only after the write has committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from polar.capture.tokens import as_ids, pack_logprobs
+
+# Bodies above this are stored truncated (the call is still recorded, with its error).
+STORED_BODY_LIMIT = 8 * 1024 * 1024
+
+
+@dataclass
+class CallStart:
+    call_id: str
+    session_id: str
+    provider: str
+    endpoint: str
+    path: str
+    client: str | None
+    key_hash: str | None
+    request_headers: dict[str, str]  # already redacted
+    request_body: bytes
+    t_start: float
+
+    def row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["request_headers"] = json.dumps(self.request_headers)
+        body = self.request_body[:STORED_BODY_LIMIT]
+        if len(body) > 1024:  # it repeats the whole history on every turn
+            row.update(request_body=zlib.compress(body, 1), body_encoding="zlib")
+        else:
+            row["request_body"] = body
+        return row
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """How a prompt is stored: the first `prefix_len` ids are row `parent`'s prompt + completion."""
+
+    parent: int | None
+    prefix_len: int
+
+
+@dataclass
+class TokenRecord:
+    prompt_ids: Any  # list[int] | np.ndarray
+    completion_ids: Any
+    logprobs: list[float] | None  # None: the upstream returned none
+    lineage: Lineage = Lineage(None, 0)
+
+    def columns(self) -> dict[str, Any]:
+        prompt = as_ids(self.prompt_ids)
+        return {
+            "prompt_parent": self.lineage.parent,
+            "prompt_prefix_len": self.lineage.prefix_len,
+            "prompt_suffix": prompt[self.lineage.prefix_len :].tobytes(),
+            "prompt_len": len(prompt),
+            "completion_ids": as_ids(self.completion_ids).tobytes(),
+            "completion_logprobs": None if self.logprobs is None else pack_logprobs(self.logprobs),
+            "completion_len": len(self.completion_ids),
+        }
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    digest: str
+    body: str  # canonical JSON
+
+
+@dataclass
+class CallEnd:
+    status: str  # ok | error
+    http_status: int
+    response_body: bytes
+    t_end: float
+    model: str | None = None
+    stream: bool | None = None
+    error_kind: str | None = None
+    error: str | None = None
+    upstream_model: str | None = None
+    result: str | None = None  # canonical result JSON, without token arrays
+    finish_reason: str | None = None
+    policy_version: str | None = None
+    prompt_mode: str | None = None
+    t_upstream: float | None = None
+    rewrites: list[str] = field(default_factory=list)
+    # The canonical request: its messages as references, the new ones to store alongside.
+    canonical: dict[str, Any] | None = None
+    message_refs: list[str] = field(default_factory=list)
+    new_messages: list[StoredMessage] = field(default_factory=list)
+    tokens: TokenRecord | None = None
+
+    def row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "status": self.status, "http_status": self.http_status, "response_body": self.response_body,
+            "t_end": self.t_end, "model": self.model, "stream": None if self.stream is None else int(self.stream),
+            "error_kind": self.error_kind, "error": self.error, "upstream_model": self.upstream_model,
+            "result": self.result, "finish_reason": self.finish_reason, "policy_version": self.policy_version,
+            "prompt_mode": self.prompt_mode, "t_upstream": self.t_upstream,
+            "rewrites": json.dumps(self.rewrites) if self.rewrites else None,
+        }  # fmt: skip
+        if self.canonical is not None:
+            rest = {k: v for k, v in self.canonical.items() if k != "messages"}
+            row["canonical"] = json.dumps({**rest, "message_refs": self.message_refs}, ensure_ascii=False)
+        if self.tokens is not None:
+            row.update(self.tokens.columns())
+        return row
+
+
+def stored_message(message: dict[str, Any]) -> StoredMessage:
+    """A canonical message under its content address (its key in the `messages` table)."""
+    body = json.dumps(message, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return StoredMessage(hashlib.blake2b(body.encode(), digest_size=16).hexdigest(), body)
+
+
+def encode_messages(
+    messages: list[dict[str, Any]], last: list[tuple[dict[str, Any], str]]
+) -> tuple[list[str], list[StoredMessage]]:
+    """References for a request's messages, and the ones to store. A turn re-sends the whole history:
+    messages equal to the session's last ones (a C-level comparison) are neither re-serialised nor hashed."""
+    refs: list[str] = []
+    new: list[StoredMessage] = []
+    for i, message in enumerate(messages):
+        if i < len(last) and last[i][0] == message:
+            refs.append(last[i][1])
+            continue
+        stored = stored_message(message)
+        refs.append(stored.digest)
+        new.append(stored)
+    return refs, new

@@ -1,0 +1,114 @@
+"""The capture database's shape: one `calls` row per model call, content-addressed messages, meta.
+
+Only the writer creates or migrates it (additive migrations only); readers open it read-only.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+CALLS: dict[str, Any] = {
+    "id": int,
+    "call_id": str,  # public id: providers derive their response ids from it
+    "session_id": str,
+    "writer": str,  # the gateway process that owns a pending row (see writer leases)
+    "provider": str,
+    "endpoint": str,
+    "path": str,
+    "model": str,  # as the client asked
+    "upstream_model": str,
+    "stream": int,
+    "status": str,  # pending | ok | error | interrupted
+    "http_status": int,
+    "error_kind": str,
+    "error": str,
+    "client": str,
+    "key_hash": str,  # salted hash of the client's API key; the key itself is never stored
+    "request_headers": str,
+    "request_body": bytes,
+    "body_encoding": str,  # "zlib" when request_body is compressed
+    "canonical": str,  # the canonical request (JSON), its messages as references into `messages`
+    "rewrites": str,  # JSON list: what polar changed in the request so the template accepts it, and why
+    "result": str,  # the canonical result without token arrays (JSON)
+    "response_body": bytes,
+    "prompt_parent": int,  # row whose prompt+completion holds the first prompt_prefix_len ids
+    "prompt_prefix_len": int,
+    "prompt_suffix": bytes,
+    "prompt_len": int,
+    "completion_ids": bytes,
+    "completion_logprobs": bytes,  # NULL when the upstream returned none (never invented zeros)
+    "completion_len": int,
+    "finish_reason": str,
+    "policy_version": str,
+    "prompt_mode": str,  # how the prompt was built (chat-template | token-faithful | re-render: why)
+    "t_start": float,
+    "t_upstream": float,  # seconds spent waiting for the upstream
+    "t_end": float,
+}
+
+
+def connect(path: str | Path, synchronous: str = "FULL") -> sqlite3.Connection:
+    """The writer's connection: WAL, autocommit (transactions are explicit), shared across threads."""
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA busy_timeout=30000")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    return conn
+
+
+def ensure(conn: sqlite3.Connection) -> None:
+    db = sqlite_utils.Database(conn)
+    calls = db["calls"]
+    if not calls.exists():
+        calls.create(CALLS, pk="id", not_null={"call_id", "session_id", "status"}, defaults={"status": "pending"})
+        calls.create_index(["call_id"], unique=True)
+        calls.create_index(["session_id", "id"])
+        calls.create_index(["status"])
+    else:
+        for name, typ in CALLS.items():
+            if name not in calls.columns_dict:
+                calls.add_column(name, typ)
+    if not db["messages"].exists():
+        # Content-addressed canonical messages: every turn re-sends the whole history, but each
+        # message is stored once, so a session's canonical requests take O(N), not O(T·N).
+        db["messages"].create({"hash": str, "body": str}, pk="hash")
+    if not db["meta"].exists():
+        db["meta"].create({"key": str, "value": str}, pk="key")
+    for key in ("key_salt", "seal_key"):  # secrets of this database, random per database
+        conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", (key, os.urandom(32).hex()))
+
+
+def presize_wal(conn: sqlite3.Connection, path: str, synchronous: str) -> None:
+    """Grow the WAL to its checkpoint size once, at start-up, instead of during the first captures.
+
+    A commit that appends to the WAL changes the file's size, so its fsync must also flush file
+    system metadata (0.8-2 ms per commit on this project's test VMs); a commit that overwrites
+    WAL pages already written flushes data only (~0.4 ms). SQLite reuses the WAL from its start
+    after each checkpoint, so once the file has reached the checkpoint size every commit
+    overwrites: this takes the growth (~50 ms, ~4 MB of pages later reused) off the capture path.
+    """
+    page, pages = (conn.execute(f"PRAGMA {name}").fetchone()[0] for name in ("page_size", "wal_autocheckpoint"))
+    wal = Path(path + "-wal")
+    if pages <= 0 or (wal.exists() and wal.stat().st_size >= page * pages):
+        return
+    conn.execute("PRAGMA synchronous=NORMAL")  # scratch pages: no fsync needed for them
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("CREATE TABLE IF NOT EXISTS _polar_wal_presize (b BLOB)")
+    conn.executemany("INSERT INTO _polar_wal_presize VALUES (zeroblob(?))", [(page - 64,)] * pages)
+    conn.execute("DROP TABLE _polar_wal_presize")
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # never waits for readers; the next write restarts the WAL
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+
+
+def secret(conn: sqlite3.Connection, key: str) -> bytes:
+    """A per-database secret from `meta` (the key salt for API-key hashes, the reasoning seal key)."""
+    row = conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+    if row is None:
+        raise KeyError(f"capture database has no {key!r}; open it once with the writer")
+    return bytes.fromhex(row[0])

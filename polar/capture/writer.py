@@ -1,0 +1,258 @@
+"""The capture writer: one SQLite row per model call, committed before the client sees the answer.
+
+One thread owns the write connection and commits in groups: under load many calls share one
+fsync, at rest each call gets its own. Callers on the event loop await a future that resolves once
+the transaction holding their write has committed — or raises `CaptureError`, so a call whose
+capture failed never answers as if it had been recorded.
+
+No call's row depends on another call's statement: each write runs in its own SAVEPOINT, so a
+statement that fails rolls back that write alone; if the group's COMMIT fails (disk full, I/O
+error), every write is retried in a transaction of its own. Completing a call whose arrival row is
+missing inserts the row whole.
+
+Several gateways may write one database (an option change, N processes per node). Each writer holds
+a lease (an flock on `<db>.writers/<token>`) and tags the rows it opens, so on start-up only the
+pending rows of writers that died are marked interrupted, never a live gateway's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import queue
+import secrets
+import sqlite3
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from polar.capture import schema
+from polar.capture.records import CallEnd, CallStart
+
+log = logging.getLogger("polar.capture")
+
+_STOP = object()
+
+
+class CaptureError(RuntimeError):
+    """A capture write did not commit; the message says why (disk full, I/O error, …)."""
+
+
+class CaptureWriter:
+    def __init__(self, path: str | Path, synchronous: str = "FULL", max_batch: int = 256):
+        self.path = str(path)
+        self.synchronous = synchronous.upper()
+        self._max_batch = max_batch
+        self._last_error = ""  # why the last transaction could not commit
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._conn = schema.connect(self.path, self.synchronous)
+        schema.ensure(self._conn)
+        schema.presize_wal(self._conn, self.path, self.synchronous)
+        self.key_salt = schema.secret(self._conn, "key_salt")
+        self.seal_key = schema.secret(self._conn, "seal_key")
+        self.token, self._lease = _take_lease(self.path)
+        self.interrupted = self._reap_dead_writers()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._loop, name="polar-capture-writer", daemon=True
+        )
+        self._thread.start()
+
+    # -- the API (event loop side) ---------------------------------------------------------
+
+    async def start(self, call: CallStart) -> int | None:
+        """Record an arriving call as pending; its row id, or None when even that could not be written
+        (the call goes on: `finish` then inserts the row whole)."""
+        try:
+            return await asyncio.wrap_future(self._submit(("start", call)))
+        except CaptureError as exc:
+            log.error("could not record the arrival of call %s: %s", call.call_id, exc)
+            return None
+
+    async def finish(self, row_id: int | None, call: CallStart, end: CallEnd) -> int:
+        """Complete a call's row (or insert it whole) and wait for the commit. Returns the row id."""
+        return await asyncio.wrap_future(self._submit(("finish", row_id, call, end)))
+
+    def close(self) -> None:
+        thread, self._thread = self._thread, None  # a second close is a no-op
+        if thread is not None and thread.is_alive():
+            self._submit(_STOP).result(timeout=60)
+            thread.join(timeout=60)
+            self._conn.close()
+            _drop_lease(self.path, self.token, self._lease)
+
+    def _submit(self, op: Any) -> Future:
+        fut: Future = Future()
+        self._queue.put((op, fut))
+        return fut
+
+    # -- the writer thread -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        # Plain parameterised statements on the hot path: sqlite-utils' insert/update introspect
+        # the table on every call; the schema is its job (schema.ensure).
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < self._max_batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            work = [(op, fut) for op, fut in batch if op is not _STOP]
+            try:
+                if work:
+                    self._commit_group(work)
+            except Exception as exc:  # never leave a caller waiting, never let the writer die
+                log.exception("capture writer failed on a group of %d writes", len(work))
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                for _, fut in work:
+                    if not fut.done():
+                        fut.set_exception(CaptureError(f"{type(exc).__name__}: {exc}"))
+            if len(work) < len(batch):
+                for op, fut in batch:
+                    if op is _STOP:
+                        fut.set_result(None)
+                return
+
+    def _commit_group(self, work: list[tuple[Any, Future]]) -> None:
+        # Only completions are awaited by a client's answer, so only they pay for an fsync; a group of
+        # arrivals alone commits without one (still safe against the proxy being killed).
+        durable = any(op[0] == "finish" for op, _ in work)
+        outcomes = self._transaction(work, durable)
+        if outcomes is None:  # the COMMIT itself failed: give every write its own chance
+            outcomes = []
+            for item in work:
+                one = self._transaction([item], durable=item[0][0] == "finish")
+                outcomes.append(one[0] if one else CaptureError(self._last_error))
+        for (op, fut), outcome in zip(work, outcomes):
+            if isinstance(outcome, BaseException):
+                log.error("capture write failed (%s): %s", op[0], outcome)
+                fut.set_exception(outcome if isinstance(outcome, CaptureError) else CaptureError(str(outcome)))
+            else:
+                fut.set_result(outcome)
+
+    def _transaction(self, work: list[tuple[Any, Future]], durable: bool) -> list[Any] | None:
+        """Run `work` in one transaction, each write in its own savepoint. None if the COMMIT failed."""
+        conn = self._conn
+        try:
+            conn.execute(f"PRAGMA synchronous={self.synchronous if durable else 'NORMAL'}")
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            self._last_error = f"could not open a write transaction: {exc}"
+            return None
+        outcomes: list[Any] = []
+        for op, _ in work:
+            conn.execute("SAVEPOINT w")
+            try:
+                outcomes.append(self._apply(op))
+                conn.execute("RELEASE w")
+            except Exception as exc:
+                if not conn.in_transaction:  # SQLite rolled the whole transaction back (disk full, I/O error)
+                    self._last_error = str(exc)
+                    return None
+                conn.execute("ROLLBACK TO w")  # this write alone is undone; the others stand
+                conn.execute("RELEASE w")
+                outcomes.append(self._fallback(op, exc))
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._last_error = str(exc)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return None
+        return outcomes
+
+    def _apply(self, op: tuple) -> int:
+        if op[0] == "start":
+            return self._insert({**op[1].row(), "writer": self.token})
+        _, row_id, call, end = op
+        fields = end.row()
+        for message in end.new_messages:
+            self._conn.execute("INSERT OR IGNORE INTO messages (hash, body) VALUES (?, ?)", (message.digest, message.body))
+        if row_id is not None:
+            cur = self._conn.execute(
+                f"UPDATE calls SET {', '.join(f'{k}=?' for k in fields)} WHERE id=?", [*fields.values(), row_id]
+            )
+            if cur.rowcount == 1:
+                return row_id
+        return self._insert({**call.row(), **fields, "writer": self.token})  # its arrival row is not there
+
+    def _insert(self, row: dict[str, Any]) -> int:
+        unknown = set(row) - set(schema.CALLS)
+        if unknown:  # column names come from code, never from clients: a typo is a bug
+            raise KeyError(f"unknown capture columns {sorted(unknown)}")
+        cur = self._conn.execute(f"INSERT INTO calls ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                                 list(row.values()))
+        return int(cur.lastrowid)
+
+    def _fallback(self, op: tuple, exc: Exception) -> Exception:
+        """A completion that cannot be stored as it is (say, text SQLite cannot encode) still leaves its
+        row saying so; the waiting call gets the error either way."""
+        if op[0] == "finish" and op[1] is not None:
+            try:
+                self._conn.execute(
+                    "UPDATE calls SET status='error', error_kind='capture_failed', error=? WHERE id=?",
+                    (f"polar could not record this call: {type(exc).__name__}: {exc}", op[1]),
+                )
+            except sqlite3.Error:
+                pass
+        return CaptureError(f"{type(exc).__name__}: {exc}")
+
+    # -- leases ---------------------------------------------------------------------------
+
+    def _reap_dead_writers(self) -> int:
+        """Mark interrupted the pending rows of writers that no longer hold their lease."""
+        pending = [w for (w,) in self._conn.execute("SELECT DISTINCT writer FROM calls WHERE status='pending'")]
+        dead = [w for w in pending if w != self.token and not _lease_held(self.path, w)]
+        count = 0
+        for writer in dead:
+            cur = self._conn.execute(
+                "UPDATE calls SET status='interrupted', error_kind='interrupted', "
+                "error='the proxy stopped before this call finished' WHERE status='pending' AND writer IS ?",
+                (writer,),
+            )
+            count += cur.rowcount
+            if writer:
+                Path(_lease_dir(self.path), writer).unlink(missing_ok=True)
+        if count:
+            log.warning("marked %d calls from an earlier run as interrupted", count)
+        return count
+
+
+def _lease_dir(path: str) -> str:
+    return path + ".writers"
+
+
+def _take_lease(path: str) -> tuple[str, int]:
+    token = f"{os.getpid()}-{secrets.token_hex(6)}"
+    os.makedirs(_lease_dir(path), exist_ok=True)
+    fd = os.open(os.path.join(_lease_dir(path), token), os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, json.dumps({"pid": os.getpid()}).encode())
+    return token, fd
+
+
+def _lease_held(path: str, token: str | None) -> bool:
+    if not token:
+        return False  # rows from before leases existed: their writer is long gone
+    try:
+        fd = os.open(os.path.join(_lease_dir(path), token), os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we may just have taken
+    return False
+
+
+def _drop_lease(path: str, token: str, fd: int) -> None:
+    Path(_lease_dir(path), token).unlink(missing_ok=True)
+    os.close(fd)

@@ -1,0 +1,59 @@
+"""The sampling gate: weight updates pause new model calls and wait for the ones in flight.
+
+A trainer pauses sampling, waits for in-flight calls (`drain`), swaps weights and resumes with the
+new policy version, which calls record when the upstream reports none itself. Paused calls wait,
+they are not refused: harnesses just see a slower answer. Use on the proxy's event loop (from
+another thread: loop.call_soon_threadsafe / asyncio.run_coroutine_threadsafe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+
+class SamplingGate:
+    def __init__(self) -> None:
+        self.policy_version: str | None = None
+        self._open = asyncio.Event()
+        self._open.set()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def pause(self) -> None:
+        self._open.clear()
+
+    def resume(self, policy_version: str | None = None) -> None:
+        if policy_version is not None:
+            self.policy_version = policy_version
+        self._open.set()
+
+    @property
+    def in_flight(self) -> int:
+        """Model calls being sampled right now."""
+        return self._in_flight
+
+    async def drain(self) -> None:
+        """Return once no model call is being sampled."""
+        await self._idle.wait()
+
+    @asynccontextmanager
+    async def sampling(self) -> AsyncIterator[None]:
+        """Hold one in-flight slot while a call samples (waits while paused)."""
+        await self._open.wait()
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    def version(self, upstream: int | str | None) -> str | None:
+        """vLLM's own weight version when it tracks one; its placeholder "default" yields to the trainer's."""
+        if upstream is not None and str(upstream) != "default":
+            return str(upstream)
+        return self.policy_version or (None if upstream is None else str(upstream))

@@ -1,0 +1,51 @@
+"""Fingerprints of what the model conditions on: which earlier turn a new request extends.
+
+A new request *extends* a turn when its messages start with that turn's messages followed by the
+assistant message polar answered with; its prompt is then the turn's ids plus the rendering of
+only the new messages (sessions/state.py).
+
+Messages are compared by a fingerprint of what the model conditions on — role, text, tool calls
+(name + parsed arguments + id), tool results — not by the client's serialisation: clients re-send
+arguments re-serialised, strip whitespace, or drop earlier reasoning, none of which changes what
+the model sampled. Reasoning is left out of the fingerprint on purpose: the sampled reasoning
+tokens stay in the buffer even when a client drops them (that is the point of token-in).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from polar.canonical import ChatRequest, ChatResult, Message, TextPart, ToolCall
+
+
+def _calls_key(calls: list[ToolCall]) -> list:
+    out = []
+    for c in calls:
+        args = c.arguments_obj()
+        out.append([c.id, c.name, args])
+    return out
+
+
+def message_fingerprint(msg: Message) -> str:
+    if msg.role == "assistant":
+        key = ["assistant", msg.text().strip(), _calls_key(msg.tool_calls)]
+    else:
+        key = [msg.role, msg.text(), msg.tool_call_id, msg.is_error,
+               [p.model_dump() for p in msg.content if p.type != "text"]]
+    return hashlib.blake2b(json.dumps(key, sort_keys=True, ensure_ascii=False).encode(), digest_size=16).hexdigest()
+
+
+def request_context_key(request: ChatRequest) -> str:
+    """What must not change between turns for a prefix to be reusable: tools and thinking mode."""
+    key = [[t.model_dump() for t in request.tools], request.thinking.enabled]
+    return hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def answer_message(result: ChatResult) -> Message:
+    """The assistant message polar answered with, as a client will send it back."""
+    return Message(
+        role="assistant",
+        content=[TextPart(text=result.content)] if result.content else [],
+        reasoning=[result.reasoning] if result.reasoning else [],
+        tool_calls=result.tool_calls,
+    )

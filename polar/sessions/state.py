@@ -1,0 +1,203 @@
+"""What polar keeps per session, in one place with one eviction policy.
+
+Per session: its recent turns (the exact prompt + sampled ids of each captured call, with the
+fingerprints of the messages that produced them) and the canonical messages of its last call with
+their content addresses. The turns serve twice: token-faithful prompts extend the turn a request
+continues (no sampled token is ever re-encoded), and the capture stores each prompt as a reference
+into the turn sharing its longest prefix (linear storage).
+
+The state is a cache of the capture database, never the truth: it is updated only after a call's
+row has committed, and a session missing from memory (first call after a restart, or evicted) is
+rebuilt from the database on its next call, off the event loop. Limits (documented in the README):
+`max_sessions` sessions, `turns_per_session` turns each (sub-agents interleave lineages, so the last
+call is not always the parent), and `max_tokens` ids in all; the least recently used session goes
+first. A turn that a new one extends is dropped, so a lineage holds one buffer (linear memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from polar.canonical import ChatRequest, ChatResult, Message
+from polar.capture.records import Lineage, stored_message
+from polar.capture.tokens import as_ids, common_prefix_len
+from polar.sessions.fingerprints import answer_message, message_fingerprint, request_context_key
+
+log = logging.getLogger("polar.sessions")
+
+
+@dataclass
+class Turn:
+    row: int  # the capture row holding these ids
+    ids: np.ndarray  # prompt ids + sampled ids (stop token included)
+    prompt_len: int
+    context_key: str  # tools and thinking mode: a prefix is reusable only under the same ones
+    message_keys: list[str]  # fingerprints of the request's messages
+    answer_key: str  # fingerprint of the assistant message polar answered with
+
+
+@dataclass
+class Extension:
+    turn: Turn
+    new_messages: list[Message]
+
+
+@dataclass
+class SessionState:
+    turns: list[Turn] = field(default_factory=list)
+    # The last call's canonical messages (as stored JSON dicts) and their content addresses.
+    messages: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(t.ids) for t in self.turns)
+
+    def lineage(self, prompt_ids) -> Lineage:
+        """How to store a prompt: the turn sharing its longest prefix, and how long that prefix is."""
+        prompt = as_ids(prompt_ids)
+        best = Lineage(None, 0)
+        for turn in self.turns:
+            shared = common_prefix_len(prompt, turn.ids)
+            if shared > best.prefix_len:
+                best = Lineage(turn.row, shared)
+        return best
+
+    def extension(self, request: ChatRequest, keys: list[str]) -> tuple[Extension | None, str]:
+        """The longest earlier turn this request extends, or None and the reason why not."""
+        if not self.turns:
+            return None, "first call of the session"
+        if not any(m.role == "assistant" for m in request.messages):
+            return None, "a new conversation in this session (no assistant turn in its history)"
+        context = request_context_key(request)
+        best: Turn | None = None
+        reason = "no earlier turn's messages and answer are a prefix of this request"
+        for turn in self.turns:
+            n = len(turn.message_keys)
+            if len(keys) <= n or keys[:n] != turn.message_keys or keys[n] != turn.answer_key:
+                continue
+            if turn.context_key != context:
+                reason = "tools or thinking mode changed since the turn this request continues"
+                continue
+            if best is None or n > len(best.message_keys):
+                best = turn
+        if best is None:
+            return None, reason
+        return Extension(best, request.messages[len(best.message_keys) + 1 :]), ""
+
+    def add(self, turn: Turn, keep: int) -> None:
+        """Keep `turn`; turns whose ids it extends are dropped (they are its prefix)."""
+        kept = [t for t in self.turns if not (len(t.ids) <= len(turn.ids) and common_prefix_len(t.ids, turn.ids) == len(t.ids))]
+        self.turns = [*kept, turn][-keep:]
+
+
+@dataclass
+class SessionView:
+    """What a backend sees of the session a call belongs to."""
+
+    name: str
+    state: SessionState
+    keys: list[str]  # fingerprints of this request's messages, computed once
+
+    def extension(self, request: ChatRequest) -> tuple[Extension | None, str]:
+        return self.state.extension(request, self.keys)
+
+
+def new_turn(row: int, request: ChatRequest, keys: list[str], result: ChatResult) -> Turn:
+    return Turn(
+        row=row,
+        ids=np.concatenate([as_ids(result.prompt_token_ids), as_ids(result.completion_token_ids)]),
+        prompt_len=len(result.prompt_token_ids),
+        context_key=request_context_key(request),
+        message_keys=keys,
+        answer_key=message_fingerprint(answer_message(result)),
+    )
+
+
+class SessionStates:
+    """Every session's state, bounded by one LRU policy, rebuilt lazily from the capture database."""
+
+    def __init__(
+        self,
+        load: Callable[[str, int], list[dict[str, Any]]] | None = None,
+        max_sessions: int = 4096,
+        turns_per_session: int = 16,
+        max_tokens: int = 256 * 1024 * 1024,
+    ):
+        # `load(session, n)`: the session's last n completed calls with tokens (CaptureReader.recent_calls).
+        self._load = load
+        self.max_sessions = max_sessions
+        self.turns_per_session = turns_per_session
+        self.max_tokens = max_tokens
+        self._states: OrderedDict[str, SessionState] = OrderedDict()
+        self._tokens = 0
+        self._loading: dict[str, asyncio.Future] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    async def get(self, session: str) -> SessionState:
+        """The session's state; rebuilt from the capture database (in a thread) when not in memory."""
+        state = self._states.get(session)
+        if state is not None:
+            self._states.move_to_end(session)
+            return state
+        if session in self._loading:  # another call of the session is rebuilding it
+            return await asyncio.shield(self._loading[session])
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._loading[session] = fut
+        try:
+            state = await asyncio.to_thread(self._rebuild, session) if self._load else SessionState()
+        except Exception as exc:  # the database is unreadable: go on without the history, say so
+            log.error("could not rebuild session %s from the capture database: %s", session, exc)
+            state = SessionState()
+        finally:
+            del self._loading[session]
+        if session not in self._states:  # a call may have committed while we read
+            self._put(session, state)
+        fut.set_result(self._states[session])
+        return self._states[session]
+
+    def record(self, session: str, turn: Turn | None, messages: list[tuple[dict[str, Any], str]] | None) -> None:
+        """After a call's row committed: remember its turn and its messages. A session not in memory is
+        left alone: its next call rebuilds it from the database, this row included."""
+        state = self._states.pop(session, None)
+        if state is None:
+            return
+        self._tokens -= state.tokens
+        if turn is not None:
+            state.add(turn, self.turns_per_session)
+        if messages is not None:
+            state.messages = messages
+        self._put(session, state)
+
+    def _put(self, session: str, state: SessionState) -> None:
+        self._states[session] = state
+        self._tokens += state.tokens
+        while len(self._states) > self.max_sessions or (self._tokens > self.max_tokens and len(self._states) > 1):
+            _, evicted = self._states.popitem(last=False)
+            self._tokens -= evicted.tokens
+
+    def _rebuild(self, session: str) -> SessionState:
+        state = SessionState()
+        rows = self._load(session, self.turns_per_session) if self._load else []
+        for row in rows:
+            canonical, result = row.get("canonical"), row.get("result")
+            if not canonical or not result:
+                continue
+            request = ChatRequest.model_validate(canonical)
+            answer = ChatResult.model_validate(
+                {**result, "prompt_token_ids": row["prompt_ids"], "completion_token_ids": row["completion_ids"]}
+            )
+            keys = [message_fingerprint(m) for m in request.messages]
+            state.add(new_turn(row["id"], request, keys, answer), self.turns_per_session)
+        if rows and rows[-1].get("canonical"):
+            state.messages = [(m, stored_message(m).digest) for m in rows[-1]["canonical"]["messages"]]
+        return state
+

@@ -1,0 +1,243 @@
+"""The capture writer and reader: linear token storage, durability, faults, leases, read-only reading."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from polar.capture.reader import CaptureReader
+from polar.capture.records import CallEnd, CallStart
+from polar.capture.tokens import common_prefix_len, pack_ids, unpack_ids
+from polar.capture.writer import CaptureError, CaptureWriter
+from polar.sqlite_files import WrongDatabase
+from tests.support.captures import Recorder
+
+
+def _start(call_id: str, session: str = "s", **extra) -> CallStart:
+    return CallStart(call_id=call_id, session_id=session, provider="test", endpoint="generate", path="/t", client=None,
+                     key_hash=None, request_headers=extra.get("headers", {}), request_body=b"{}", t_start=time.time())
+
+
+def _end(**fields) -> CallEnd:
+    return CallEnd(**{"status": "ok", "http_status": 200, "response_body": b"{}", "t_end": time.time(), **fields})
+
+
+def _rows(path) -> dict[str, dict]:
+    return {r["call_id"]: r for r in CaptureReader(path).calls(with_tokens=False)}
+
+
+def test_pack_roundtrip_and_prefix():
+    ids = [0, 1, 248045, 2**32 - 1]
+    assert unpack_ids(pack_ids(ids)) == ids
+    a, b = np.array([1, 2, 3, 4], "<u4"), np.array([1, 2, 9], "<u4")
+    assert common_prefix_len(a, b) == 2 and common_prefix_len(a, a[:0]) == 0
+
+
+def test_growing_session_is_stored_linearly(tmp_path):
+    rec = Recorder(tmp_path / "c.db")
+    prompt, rows = list(range(100)), []
+    for turn in range(20):
+        completion = [1000 + turn * 10 + i for i in range(10)]
+        rows.append(rec.call("s1", prompt, completion))
+        prompt = prompt + completion + [5000 + turn] * 5  # next prompt extends prompt+completion
+    stored = sqlite3.connect(tmp_path / "c.db").execute("SELECT sum(length(prompt_suffix)) / 4 FROM calls").fetchone()[0]
+    assert stored == 100 + 19 * 5  # the first prompt and 5 new ids a turn, not 20 growing prompts
+    by_id = {r["id"]: r for r in rec.reader.calls(session="s1")}
+    expected = list(range(100))
+    for turn, row_id in enumerate(rows):
+        assert by_id[row_id]["prompt_ids"] == expected
+        expected = expected + by_id[row_id]["completion_ids"] + [5000 + turn] * 5
+    rec.close()
+
+
+def test_interleaved_lineages_find_their_own_parent(tmp_path):
+    rec = Recorder(tmp_path / "c.db")
+    main, sub = rec.call("s", [1, 2, 3], [4]), rec.call("s", [9, 9, 9], [8])  # a sub-agent: unrelated prompt
+    main2, sub2 = rec.call("s", [1, 2, 3, 4, 5], [6]), rec.call("s", [9, 9, 9, 8, 7], [6])
+    rows = {r["id"]: r for r in rec.rows()}
+    assert rows[main2]["prompt_parent"] == main and rows[sub2]["prompt_parent"] == sub
+    assert rows[main2]["prompt_ids"] == [1, 2, 3, 4, 5] and rows[sub2]["prompt_ids"] == [9, 9, 9, 8, 7]
+    rec.close()
+
+
+def test_missing_logprobs_are_stored_as_missing(tmp_path):
+    rec = Recorder(tmp_path / "c.db")
+    rec.call("s", [1], [2, 3], no_logprobs=True)
+    rec.call("s", [1, 2, 3, 4], [5], logprobs=[-0.5])
+    first, second = rec.rows()
+    assert first["completion_logprobs"] is None and second["completion_logprobs"] == [-0.5]
+    rec.close()
+
+
+def test_find_call_is_scoped_to_the_session(tmp_path):
+    rec = Recorder(tmp_path / "c.db")
+    row_id = rec.call("alice", [1], [2])
+    assert rec.reader.find_call(f"c{row_id:04d}", "alice")["id"] == row_id
+    assert rec.reader.find_call(f"c{row_id:04d}", "mallory") is None
+    rec.close()
+
+
+def test_reader_is_read_only_and_refuses_what_is_not_a_capture_db(tmp_path):
+    with pytest.raises(WrongDatabase, match="no capture database"):
+        CaptureReader(tmp_path / "missing.db")
+    assert not (tmp_path / "missing.db").exists()
+    rec = Recorder(tmp_path / "c.db")
+    rec.call("s", [1], [2])
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        rec.reader.connect().execute("DELETE FROM calls")
+    rec.close()
+
+
+def test_wal_is_presized_so_commits_overwrite_instead_of_growing_it(tmp_path):
+    """Appending commits pay a metadata flush in their fsync; a presized WAL is overwritten in place."""
+    rec = Recorder(tmp_path / "c.db")
+    wal = tmp_path / "c.db-wal"
+    conn = sqlite3.connect(tmp_path / "c.db")
+    page, pages = (conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_size", "wal_autocheckpoint"))
+    size = wal.stat().st_size
+    assert size >= page * pages
+    for i in range(200):
+        rec.call("s1", list(range(50 + i)), [7, 8, 9])
+    assert wal.stat().st_size == size
+    assert "_polar_wal_presize" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    conn.close()
+    rec.close()
+    CaptureWriter(tmp_path / "c.db").close()  # reopening keeps its rows
+    assert sqlite3.connect(tmp_path / "c.db").execute("SELECT count(*) FROM calls").fetchone()[0] == 200
+
+
+def test_canonical_messages_are_stored_once_and_read_back_exactly(tmp_path):
+    """A turn re-sends the whole history: each message is stored once, an edited one again, and every
+    row reads back its own conversation (also when sessions interleave)."""
+    rec = Recorder(tmp_path / "c.db")
+
+    def msg(role: str, text: str) -> dict:
+        return {"role": role, "content": [{"type": "text", "text": text}]}
+
+    history, sent = [msg("system", "be brief"), msg("user", "hi")], {}
+    for turn in range(4):
+        history = history + [msg("assistant", f"answer {turn}"), msg("user", f"more {turn}")]
+        sent[rec.fail("a", history, status="ok")] = history
+        other = [msg("user", f"b {turn}")]  # another session in between
+        sent[rec.fail("b", other, status="ok")] = other
+    edited = [msg("system", "be brief"), msg("user", "hi, edited"), *history[2:]]
+    sent[rec.fail("a", edited, status="ok")] = edited
+    rows = {r["id"]: r for r in rec.rows()}
+    assert {i: rows[i]["canonical"]["messages"] for i in sent} == sent
+    distinct = {json.dumps(m, sort_keys=True) for messages in sent.values() for m in messages}
+    assert sqlite3.connect(tmp_path / "c.db").execute("SELECT count(*) FROM messages").fetchone()[0] == len(distinct)
+    rec.close()
+
+
+def test_a_failed_write_never_loses_another_calls_row(tmp_path):
+    """Arrival A and a failing arrival B in one group: A's row stands, B's caller gets the error."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    gate, real = threading.Event(), writer._apply
+    calls = []
+
+    def held(op):  # the writer waits on its first write until both are queued: one group
+        calls.append(op[0])
+        gate.wait(5)
+        return real(op)
+
+    writer._apply = held
+
+    async def both():
+        a = asyncio.ensure_future(writer.start(_start("A")))
+        await asyncio.sleep(0.05)
+        bad = _start("B", headers={"x": object()})  # cannot be encoded as JSON
+        fb = asyncio.wrap_future(writer._submit(("start", bad)))
+        c = asyncio.ensure_future(writer.start(_start("C")))
+        await asyncio.sleep(0.05)
+        gate.set()
+        row_a = await a
+        with pytest.raises(CaptureError, match="not JSON serializable"):
+            await fb
+        row_c = await c
+        assert await writer.finish(row_a, _start("A"), _end(model="m")) == row_a
+        return row_a, row_c
+
+    row_a, row_c = asyncio.run(both())
+    rows = _rows(tmp_path / "c.db")
+    assert set(rows) == {"A", "C"} and rows["A"]["status"] == "ok" and rows["A"]["id"] == row_a
+    assert rows["C"]["status"] == "pending" and rows["C"]["id"] == row_c
+    writer.close()
+
+
+def test_completing_a_call_whose_arrival_is_missing_inserts_it_whole(tmp_path):
+    writer = CaptureWriter(tmp_path / "c.db")
+    row = asyncio.run(writer.finish(None, _start("lost"), _end(model="m")))
+    row2 = asyncio.run(writer.finish(987654, _start("gone"), _end(model="m")))  # an id that is not there
+    rows = _rows(tmp_path / "c.db")
+    assert rows["lost"]["id"] == row and rows["gone"]["id"] == row2
+    assert rows["lost"]["status"] == rows["gone"]["status"] == "ok" and rows["gone"]["path"] == "/t"
+    writer.close()
+
+
+def test_a_row_that_cannot_be_encoded_is_marked_and_its_caller_told(tmp_path):
+    writer = CaptureWriter(tmp_path / "c.db")
+
+    async def run():
+        row = await writer.start(_start("odd"))
+        with pytest.raises(CaptureError, match="surrogates not allowed"):
+            await writer.finish(row, _start("odd"), _end(model="\ud800"))
+        return row
+
+    asyncio.run(run())
+    row = _rows(tmp_path / "c.db")["odd"]
+    assert row["status"] == "error" and row["error_kind"] == "capture_failed" and "surrogates" in row["error"]
+    writer.close()
+
+
+def test_disk_full_fails_the_waiting_call_and_the_writer_recovers(tmp_path):
+    writer = CaptureWriter(tmp_path / "c.db")
+    rec_row = asyncio.run(writer.finish(None, _start("before"), _end()))
+    pages = writer._conn.execute("PRAGMA page_count").fetchone()[0]
+    writer._conn.execute(f"PRAGMA max_page_count={pages}")  # the database may not grow: "disk full"
+    big = _end(response_body=b"x" * 8_000_000)  # more than the free pages the WAL presize left
+    with pytest.raises(CaptureError, match="full"):
+        asyncio.run(writer.finish(None, _start("big"), big))
+    writer._conn.execute("PRAGMA max_page_count=1073741823")
+    asyncio.run(writer.finish(None, _start("after"), big))
+    rows = _rows(tmp_path / "c.db")
+    assert set(rows) == {"before", "after"} and rows["before"]["id"] == rec_row
+    writer.close()
+
+
+def test_only_dead_writers_pending_rows_are_marked_interrupted(tmp_path):
+    db = tmp_path / "c.db"
+    live = CaptureWriter(db)
+    live_row = asyncio.run(live.start(_start("live")))
+    # A gateway killed mid-call: its process exits without closing; the kernel drops its lease lock.
+    script = ("import asyncio, os, time, sys; from polar.capture.writer import CaptureWriter; "
+              "from tests.capture.test_writer import _start; w = CaptureWriter(sys.argv[1]); "
+              "asyncio.run(w.start(_start('dead'))); os._exit(0)")
+    subprocess.run([sys.executable, "-c", script, str(db)], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+    second = CaptureWriter(db)  # an option change, or a restart beside a live gateway
+    rows = _rows(db)
+    assert second.interrupted == 1 and rows["dead"]["status"] == "interrupted"
+    assert rows["live"]["status"] == "pending"  # the live gateway's call is not touched
+    asyncio.run(live.finish(live_row, _start("live"), _end()))
+    assert _rows(db)["live"]["status"] == "ok"
+    ids = [asyncio.run(w.finish(None, _start(f"n{i}"), _end())) for i, w in enumerate((live, second, live, second))]
+    assert len(set(ids)) == 4  # ids come from SQLite: two writers never collide
+    live.close(), second.close()
+    assert CaptureWriter(db).interrupted == 0
+
+
+def test_secrets_are_random_per_database_and_kept(tmp_path):
+    a, b = CaptureWriter(tmp_path / "a.db"), CaptureWriter(tmp_path / "b.db")
+    assert a.seal_key != b.seal_key and a.key_salt != b.key_salt and len(a.seal_key) == 32
+    keys = (a.seal_key, a.key_salt)
+    a.close(), b.close()
+    again = CaptureWriter(tmp_path / "a.db")
+    assert (again.seal_key, again.key_salt) == keys
+    again.close()

@@ -1,0 +1,92 @@
+"""Writing capture rows the way the gateway does (arrival → completion, prompts stored against the
+session's earlier sequences), for tests that need a real capture database with chosen contents."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from polar.capture.reader import CaptureReader
+from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages
+from polar.capture.writer import CaptureWriter
+from polar.sessions.state import SessionState, Turn
+
+
+class Recorder:
+    def __init__(self, path: Path, synchronous: str = "FULL"):
+        self.path = path
+        self.writer = CaptureWriter(path, synchronous=synchronous)
+        self.reader = CaptureReader(path)
+        self._sessions: dict[str, SessionState] = {}
+        self._closed = False
+        self._n = sum(1 for _ in self.reader.calls(with_tokens=False))  # call ids c0001… as row ids were
+
+    def close(self) -> None:
+        """Stop the writer (once), e.g. before another process opens the database."""
+        if not self._closed:
+            self._closed = True
+            self.writer.close()
+
+    def call(
+        self,
+        session: str,
+        prompt: list[int],
+        completion: list[int],
+        messages: list[dict] | None = None,
+        finish: str = "stop",
+        mode: str = "token-faithful",
+        logprobs: list[float] | None = None,
+        metadata: dict | None = None,
+        policy: str | None = None,
+        result: dict | None = None,
+        provider: str = "test",
+        no_logprobs: bool = False,
+    ) -> int:
+        state = self._sessions.setdefault(session, SessionState())
+        if logprobs is None and not no_logprobs:
+            logprobs = [-0.25 - i / 100 for i in range(len(completion))]
+        tokens = TokenRecord(prompt, completion, logprobs, state.lineage(prompt))
+        end = self._end("ok", messages, metadata, state, finish_reason=finish, prompt_mode=mode, policy_version=policy,
+                        model="test-model", tokens=tokens, result=json.dumps(result) if result else None)
+        row_id = self._write(session, end, provider)
+        ids = np.asarray([*prompt, *completion], dtype="<u4")
+        state.add(Turn(row_id, ids, len(prompt), "", [], ""), keep=16)
+        return row_id
+
+    def fail(self, session: str, messages: list[dict] | None = None, status: str = "error",
+             error: str = "scripted failure", provider: str = "test") -> int:
+        state = self._sessions.setdefault(session, SessionState())
+        end = self._end(status, messages, None, state, error_kind="upstream", error=error)
+        return self._write(session, end, provider)
+
+    def count_tokens(self, session: str) -> int:
+        """An ok call that samples nothing (a token count): no token columns."""
+        return self._write(session, CallEnd(status="ok", http_status=200, response_body=b"{}", t_end=time.time()), "test")
+
+    def rows(self) -> list[dict]:
+        return list(self.reader.calls())
+
+    def _end(self, status, messages, metadata, state, **fields) -> CallEnd:
+        end = CallEnd(status=status, http_status=200 if status == "ok" else 502, response_body=b"", t_end=time.time(),
+                      **fields)
+        if messages is not None:
+            end.canonical = {"model": "test-model", "messages": messages, **({"metadata": metadata} if metadata else {})}
+            end.message_refs, end.new_messages = encode_messages(messages, state.messages)
+            state.messages = list(zip(messages, end.message_refs))
+        return end
+
+    def _write(self, session: str, end: CallEnd, provider: str) -> int:
+        self._n += 1
+        start = CallStart(call_id=f"c{self._n:04d}", session_id=session, provider=provider,
+                          endpoint="generate", path="/test", client=None, key_hash=None, request_headers={},
+                          request_body=b"{}", t_start=time.time())
+
+        async def both() -> int:
+            row_id = await self.writer.start(start)
+            return await self.writer.finish(row_id, start, end)
+
+        return asyncio.run(both())
