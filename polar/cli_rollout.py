@@ -41,6 +41,8 @@ def rollout() -> None:
 @click.option("--postrun", "postrun_workers", default=2, show_default=True, type=int)
 @click.option("--max-staleness", default=None, type=int, help="Refuse sessions more than K policy versions behind.")
 @click.option("--docker/--no-docker", default=False, help="Also offer the docker runtime (transparent capture).")
+@click.option("--allow-open-egress", is_flag=True, envvar="POLAR_ALLOW_OPEN_EGRESS",
+              help="Run docker sandboxes even if their host-port lock (iptables) cannot be installed.")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
               help="Run the nodes as Ray actors on this cluster ('auto': the one this machine belongs to).")
 @click.option("--ray-per-node", default=1, show_default=True, type=int, help="Node actors per Ray machine.")
@@ -48,7 +50,8 @@ def rollout() -> None:
 @click.option("--simulate", default=None, type=float, metavar="SCALE",
               help="Dry run: sessions only sleep for their task's metadata.sim durations (× SCALE); no gateway.")
 def serve(host, port, token, state_path, upstream, upstream_model, tokenizer, db, proxy_port, init_workers, ready_size,
-          running_slots, postrun_workers, max_staleness, docker, ray_address, ray_per_node, ray_cpus, simulate) -> None:
+          running_slots, postrun_workers, max_staleness, docker, allow_open_egress, ray_address, ray_per_node, ray_cpus,
+          simulate) -> None:
     """Run the rollout server with one embedded gateway node (polar + the local and, optionally, docker runtimes)."""
     from polar.rollout.server import check_binding
     from polar.rollout.server import serve as serve_api
@@ -60,7 +63,8 @@ def serve(host, port, token, state_path, upstream, upstream_model, tokenizer, db
     if ray_address:
         phases = {"kind": "simulated", "scale": simulate} if simulate is not None else {
             "kind": "gateway", "upstream": upstream, "db": str(Path(db).resolve()), "port": 0,
-            "upstream_model": upstream_model, "tokenizer": tokenizer, "docker": docker}
+            "upstream_model": upstream_model, "tokenizer": tokenizer, "docker": docker,
+            "allow_open_egress": allow_open_egress}
         return _serve_on_ray(ray_address, config, phases, ray_per_node, ray_cpus, state_path, host, port, token)
     proxy, runtimes = None, []
     if simulate is not None:
@@ -69,8 +73,13 @@ def serve(host, port, token, state_path, upstream, upstream_model, tokenizer, db
         phases, capture_db = SimulatedPhases(simulate), None
     else:
         from polar.rollout.session import SessionPhases, embedded_gateway
+        from polar.runtime.base import RuntimeUnavailable
 
-        proxy, env = embedded_gateway(upstream, db, proxy_port, upstream_model, tokenizer, docker)
+        try:
+            proxy, env = embedded_gateway(upstream, db, proxy_port, upstream_model, tokenizer, docker,
+                                          allow_open_egress)
+        except RuntimeUnavailable as err:  # e.g. the sandbox network's egress lock: said plainly, no traceback
+            raise click.ClickException(str(err)) from err
         phases, capture_db, runtimes = SessionPhases(env, config), db, list(env.runtimes.values())
 
     async def main() -> None:
