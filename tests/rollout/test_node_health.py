@@ -14,6 +14,7 @@ import time
 
 from click.testing import CliRunner
 
+from polar.cli_rollout import progress_table
 from polar.cli_rollout import status as status_command
 from polar.rollout.client import RolloutClient
 from polar.rollout.health import NodeHealth
@@ -82,6 +83,7 @@ def test_a_lost_node_is_shown_unhealthy_and_its_sessions_finish_elsewhere(tmp_pa
         assert status["unhealthy_nodes"] == ["lost"] and not lost["healthy"] and lost["failures"] >= 1
         assert lost["last_error"] == "ConnectionError: lost: event stream broke" and lost["unhealthy_since"]
         assert "node lost unhealthy since" in printed.stderr and "event stream broke" in printed.stderr
+        assert "node lost unhealthy since" in progress_table(status, [], 4, 1.0).caption  # `polar submit`'s view
 
         stream = client.results(follow=True)
         results = [next(stream)[1] for _ in range(4)]
