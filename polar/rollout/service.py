@@ -197,8 +197,11 @@ class RolloutService:
 
     async def cancel(self, task_id: str) -> int:
         session_ids = self.state.cancel_task(task_id)
-        for node in self.nodes:
-            await node.cancel(session_ids)
+        for node in self.nodes:  # every node: a session may yet move to one that does not run it now
+            try:
+                await asyncio.wait_for(node.cancel(session_ids), _CALL_TIMEOUT_S)
+            except Exception as exc:  # an unhealthy node must not keep the others from hearing it
+                log.warning("node %s: could not cancel task %s there: %s", node.name, task_id, exc)
         return len(session_ids)
 
     async def pause(self, policy_version: int | None = None, drain_timeout: float = 60.0) -> dict[str, Any]:
@@ -291,7 +294,7 @@ class RolloutService:
                     "requeued on " + ", ".join(n.name for n in healthy) if healthy else "failed: no healthy node")
         failed = []
         for spec in specs:
-            del self._owner[spec.session_id]
+            self._owner.pop(spec.session_id, None)
             if healthy:
                 await self._dispatch(spec)
                 continue

@@ -41,6 +41,11 @@ class DeafNode(LocalNode):
             raise ConnectionError(f"{self.name}: event stream broke")
         return await super().events(timeout)
 
+    async def cancel(self, session_ids: list[str]) -> None:
+        if self.deaf:
+            raise ConnectionError(f"{self.name}: unreachable")
+        await super().cancel(session_ids)
+
 
 def _task(task_id: str, samples: int, run: float) -> TaskSpec:
     return TaskSpec(id=task_id, instruction="x", samples=samples, timeout=1000, metadata={"sim": {"run": run}})
@@ -124,3 +129,20 @@ def test_with_no_healthy_node_the_sessions_fail_with_the_cause(tmp_path):
         assert result.outcome == "error" and result.node == "only"
         assert "node only unhealthy since" in result.error and "event stream broke" in result.error
         assert result.error.endswith("no healthy node to requeue it on")
+
+
+def test_cancelling_past_an_unhealthy_node_reaches_the_sessions_it_loses(tmp_path):
+    async def main():
+        lost, good = DeafNode("lost"), DeafNode("good")
+        service = RolloutService(RolloutState(tmp_path / "r.db"), [lost, good], node_grace=0.3, backoff_cap=0.2)
+        await service.start()
+        try:
+            await service.submit([_task("t", 4, run=1000)])  # 10 s each, two per node
+            lost.deaf = True
+            assert await service.cancel("t") == 4
+            return await first_results(service, 4, timeout=10)
+        finally:
+            await service.close()
+
+    results = asyncio.run(main())
+    assert {(r.outcome, r.node) for r in results} == {("cancelled", "good")}
