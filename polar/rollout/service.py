@@ -31,6 +31,7 @@ from polar.rollout.tasks import SessionResult, SessionSpec, TaskSpec
 log = logging.getLogger("polar.rollout.service")
 _CALL_TIMEOUT_S = 5.0  # for calls to a node that may not answer (status, cancelling what it lost)
 
+
 class NodeHandle(Protocol):
     name: str
 
