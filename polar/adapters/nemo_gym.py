@@ -10,8 +10,10 @@ waiting for that session's result, and returning:
   call's prompt ids exactly as polar sent them, its sampled ids and their logprobs, as captured.
   Each prompt extends the previous item's prompt + generation (NeMo RL's contiguity requirement),
   because a prefix-merge trajectory is one token sequence;
-- `reward`: the polar evaluator's reward; the session's outcome, ids and the trajectories not
-  shown as items (sub-agents, forks, a broken prefix) ride along as `polar_*` fields.
+- `reward`: the polar evaluator's reward, or null with a `_ng_failure_class` when the session has
+  none (it failed, or was stale or cancelled), never a made-up 0.0; the session's outcome, ids and
+  the trajectories not shown as items (sub-agents, forks, a broken prefix) ride along as `polar_*`
+  fields.
 
 A row names its task in `polar_task` (any `TaskSpec` field; `python -m polar.adapters.nemo_gym rows
 tasks.jsonl` converts a polar tasks file), on top of the agent config's `task_defaults`; without an
@@ -62,6 +64,9 @@ PER_SAMPLE_FIELDS = ("_ng_rollout_index", "_rowidx")
 
 # NeMo Gym's rollout collection routes a result carrying these to its failures file, not the rollouts.
 FAILURE_CLASS = {"error": "transient", "stale": "skipped", "cancelled": "skipped"}
+# A session that ended without a reward: a failure too, never a real 0.0 (it would bias the group's
+# advantages and the reward means).
+NO_REWARD_CLASS = "transient"
 
 
 class PolarAgentConfig(BaseResponsesAPIAgentConfig):
@@ -84,6 +89,7 @@ class PolarRunRequest(BaseRunRequest):
 class PolarVerifyResponse(BaseVerifyResponse):
     model_config = ConfigDict(extra="allow")
 
+    reward: float | None  # None: no reward was given; the response then carries `_ng_failure_class`
     polar_session_id: str
     polar_task_id: str
     polar_outcome: str
@@ -192,19 +198,23 @@ def to_response(result: SessionResult, params: NeMoGymResponseCreateParamsNonStr
 def verify_response(row: PolarRunRequest, result: SessionResult, decode: Decode) -> dict[str, Any]:
     """The /run answer: the row, the response, the reward and polar's bookkeeping."""
     trajectory = main_trajectory(result)
+    failure = FAILURE_CLASS.get(result.outcome) or (NO_REWARD_CLASS if result.reward is None else None)
+    error = result.error
+    if result.reward is None and error is None:
+        error = f"polar session ended '{result.outcome}' without a reward"
     payload = PolarVerifyResponse.model_validate({
         **row.model_dump(mode="json"),
         "response": to_response(result, row.responses_create_params, decode).model_dump(mode="json"),
-        "reward": result.reward if result.reward is not None else 0.0,
+        "reward": result.reward,
         "polar_session_id": result.session_id,
         "polar_task_id": result.task_id,
         "polar_outcome": result.outcome,
-        "polar_error": result.error,
+        "polar_error": error,
         "polar_trajectory_id": trajectory.id if trajectory else None,
         "polar_other_trajectories": [t.id for t in result.trajectories if t is not trajectory],
     }).model_dump(mode="json")
-    if result.outcome in FAILURE_CLASS:
-        payload["_ng_failure_class"] = FAILURE_CLASS[result.outcome]
+    if failure is not None:
+        payload["_ng_failure_class"] = failure
     return payload
 
 

@@ -41,6 +41,10 @@ def rollout() -> None:
 @click.option("--postrun", "postrun_workers", default=2, show_default=True, type=int)
 @click.option("--max-staleness", default=None, type=int, help="Refuse sessions more than K policy versions behind.")
 @click.option("--docker/--no-docker", default=False, help="Also offer the docker runtime (transparent capture).")
+@click.option("--allow-open-egress", is_flag=True, envvar="POLAR_ALLOW_OPEN_EGRESS",
+              help="Run docker sandboxes even if their host-port lock (iptables) cannot be installed.")
+@click.option("--node-grace", default=60.0, show_default=True, type=float,
+              help="Seconds a node's event stream may keep failing before its sessions move to healthy nodes.")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
               help="Run the nodes as Ray actors on this cluster ('auto': the one this machine belongs to).")
 @click.option("--ray-per-node", default=1, show_default=True, type=int, help="Node actors per Ray machine.")
@@ -48,7 +52,8 @@ def rollout() -> None:
 @click.option("--simulate", default=None, type=float, metavar="SCALE",
               help="Dry run: sessions only sleep for their task's metadata.sim durations (× SCALE); no gateway.")
 def serve(host, port, token, state_path, upstream, upstream_model, tokenizer, db, proxy_port, init_workers, ready_size,
-          running_slots, postrun_workers, max_staleness, docker, ray_address, ray_per_node, ray_cpus, simulate) -> None:
+          running_slots, postrun_workers, max_staleness, docker, allow_open_egress, node_grace, ray_address, ray_per_node,
+          ray_cpus, simulate) -> None:
     """Run the rollout server with one embedded gateway node (polar + the local and, optionally, docker runtimes)."""
     from polar.rollout.server import check_binding
     from polar.rollout.server import serve as serve_api
@@ -60,8 +65,10 @@ def serve(host, port, token, state_path, upstream, upstream_model, tokenizer, db
     if ray_address:
         phases = {"kind": "simulated", "scale": simulate} if simulate is not None else {
             "kind": "gateway", "upstream": upstream, "db": str(Path(db).resolve()), "port": 0,
-            "upstream_model": upstream_model, "tokenizer": tokenizer, "docker": docker}
-        return _serve_on_ray(ray_address, config, phases, ray_per_node, ray_cpus, state_path, host, port, token)
+            "upstream_model": upstream_model, "tokenizer": tokenizer, "docker": docker,
+            "allow_open_egress": allow_open_egress}
+        return _serve_on_ray(ray_address, config, phases, ray_per_node, ray_cpus, state_path, host, port, token,
+                             node_grace)
     proxy, runtimes = None, []
     if simulate is not None:
         from polar.rollout.simulate import SimulatedPhases
@@ -69,12 +76,18 @@ def serve(host, port, token, state_path, upstream, upstream_model, tokenizer, db
         phases, capture_db = SimulatedPhases(simulate), None
     else:
         from polar.rollout.session import SessionPhases, embedded_gateway
+        from polar.runtime.base import RuntimeUnavailable
 
-        proxy, env = embedded_gateway(upstream, db, proxy_port, upstream_model, tokenizer, docker)
+        try:
+            proxy, env = embedded_gateway(upstream, db, proxy_port, upstream_model, tokenizer, docker,
+                                          allow_open_egress)
+        except RuntimeUnavailable as err:  # e.g. the sandbox network's egress lock: said plainly, no traceback
+            raise click.ClickException(str(err)) from err
         phases, capture_db, runtimes = SessionPhases(env, config), db, list(env.runtimes.values())
 
     async def main() -> None:
-        service = RolloutService(RolloutState(state_path), [LocalNode(GatewayNode(phases, config), capture_db)])
+        service = RolloutService(RolloutState(state_path), [LocalNode(GatewayNode(phases, config), capture_db)],
+                                 node_grace=node_grace)
         click.echo(f"rollout server on http://{host}:{port} (state {state_path})")
         await serve_api(service, host, port, token)
 
@@ -105,15 +118,25 @@ def export(state_path, out, task_ids) -> None:
 @click.option("--server", default=None, help=f"Rollout server URL (default $POLAR_ROLLOUT_URL or {DEFAULT_URL}).")
 @click.option("--token", envvar="POLAR_ROLLOUT_TOKEN", default=None)
 def status(server, token) -> None:
-    """The server's status as JSON: sessions per stage, outcomes, rewards, nodes, policy version."""
+    """The server's status as JSON: sessions per stage, outcomes, rewards, nodes (health included),
+    policy version. Unhealthy nodes are also named on stderr."""
     import json
 
     with RolloutClient(server, token) as client:
-        click.echo(json.dumps(client.status(), indent=2))
+        status = client.status()
+    click.echo(json.dumps(status, indent=2))
+    for line in unhealthy_lines(status):
+        click.echo(f"warning: {line}", err=True)
+
+
+def unhealthy_lines(status: dict) -> list[str]:
+    """One line per node the service cannot hear: since when and why."""
+    return [f"node {n.get('node')} unhealthy since {n.get('unhealthy_since')} ({n.get('failures')} failures): "
+            f"{n.get('last_error')}" for n in status.get("nodes", []) if n.get("healthy") is False]
 
 
 def _serve_on_ray(address: str, config: NodeConfig, phases: dict, per_node: int, cpus: float, state_path: str,
-                  host: str, port: int, token: str | None) -> None:
+                  host: str, port: int, token: str | None, node_grace: float) -> None:
     import ray
 
     from polar.rollout.ray_nodes import launch_nodes
@@ -125,7 +148,7 @@ def _serve_on_ray(address: str, config: NodeConfig, phases: dict, per_node: int,
     click.echo(f"{len(nodes)} node actors on {len(ray.nodes())} Ray machines")
 
     async def main() -> None:
-        service = RolloutService(RolloutState(state_path), nodes)
+        service = RolloutService(RolloutState(state_path), nodes, node_grace=node_grace)
         click.echo(f"rollout server on http://{host}:{port} (state {state_path})")
         await serve_api(service, host, port, token)
 
@@ -206,6 +229,7 @@ def progress_table(status: dict, results: list[SessionResult], total: int, elaps
     mean = f"{sum(rewards) / len(rewards):.3f}, {len(rewards)}" if rewards else "-"
     rate = len(results) / elapsed * 3600 if elapsed else 0.0
     table.add_row(*[str(stages.get(s, 0)) for s in STAGES], f"{rate:.0f}", mean)
+    table.caption = "\n".join(unhealthy_lines(status)) or None
     return table
 
 

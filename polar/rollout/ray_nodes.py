@@ -7,7 +7,8 @@ placement (one actor per alive node, pinned there, with the resources it declare
 transport: there is no cluster protocol of polar's own.
 
 `phases` picks what the node runs: {"kind": "gateway", "upstream": url, "db": path, …} for real
-sessions (add "docker": true for the docker runtime), {"kind": "simulated", "scale": s} for dry
+sessions (add "docker": true for the docker runtime, "allow_open_egress": true to run it without
+its host-port lock), {"kind": "simulated", "scale": s} for dry
 runs and tests.
 """
 
@@ -50,7 +51,7 @@ class NodeActor:
             self.capture_db = str(db.with_name(f"{db.stem}-{self.config.name}{db.suffix}"))
             self.proxy, env = embedded_gateway(spec["upstream"], self.capture_db, spec.get("port", 0),
                                                spec.get("upstream_model", ""), spec.get("tokenizer", ""),
-                                               spec.get("docker", False))
+                                               spec.get("docker", False), spec.get("allow_open_egress"))
             self.runtimes = list(env.runtimes.values())
             phases = SessionPhases(env, self.config)
         else:

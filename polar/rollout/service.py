@@ -3,22 +3,34 @@
 Nodes are reached through `NodeHandle`: `LocalNode` wraps a `GatewayNode` on this event loop (the
 embedded default), `polar.rollout.ray_nodes.RayNode` wraps one running as a Ray actor. The service
 pulls each node's stage changes and results and commits them to `RolloutState` before a trainer can
-see them, so a crash loses nothing that was reported. Sessions go to the node with the fewest
-unfinished sessions.
+see them, so a crash loses nothing that was reported. Sessions go to the healthy node with the
+fewest unfinished sessions.
+
+A node whose event stream fails is logged and tried again with capped exponential backoff; it shows
+as unhealthy in `status()` (last error, since when). Once it has been unhealthy for `node_grace`
+seconds, its unfinished sessions start again as new attempts on healthy nodes, or fail with the
+cause when there is none; anything it reports later about them is ignored. A node whose stream
+recovers is healthy again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from polar.capture.reader import CaptureReader
+from polar.rollout.health import NodeHealth
 from polar.rollout.node import GatewayNode
 from polar.rollout.state import RolloutState
 from polar.rollout.tasks import SessionResult, SessionSpec, TaskSpec
+
+log = logging.getLogger("polar.rollout.service")
+_CALL_TIMEOUT_S = 5.0  # for calls to a node that may not answer (status, cancelling what it lost)
 
 
 class NodeHandle(Protocol):
@@ -100,11 +112,14 @@ def pending_calls(capture_db: str | None) -> int:
 
 
 class RolloutService:
-    def __init__(self, state: RolloutState, nodes: list[NodeHandle]):
+    def __init__(self, state: RolloutState, nodes: list[NodeHandle], node_grace: float = 60.0,
+                 backoff_cap: float = 30.0):
         if not nodes:
             raise ValueError("the rollout service needs at least one node")
         self.state = state
         self.nodes = nodes
+        self.node_grace = node_grace  # seconds a node may stay unhealthy before its sessions move
+        self._health = {id(node): NodeHealth(backoff_cap=backoff_cap) for node in nodes}
         self._owner: dict[str, NodeHandle] = {}  # unfinished session → its node
         self._new_result = asyncio.Condition()
         self._pumps: list[asyncio.Task] = []
@@ -181,8 +196,11 @@ class RolloutService:
 
     async def cancel(self, task_id: str) -> int:
         session_ids = self.state.cancel_task(task_id)
-        for node in self.nodes:
-            await node.cancel(session_ids)
+        for node in self.nodes:  # every node: a session may yet move to one that does not run it now
+            try:
+                await asyncio.wait_for(node.cancel(session_ids), _CALL_TIMEOUT_S)
+            except Exception as exc:  # an unhealthy node must not keep the others from hearing it
+                log.warning("node %s: could not cancel task %s there: %s", node.name, task_id, exc)
         return len(session_ids)
 
     async def pause(self, policy_version: int | None = None, drain_timeout: float = 60.0) -> dict[str, Any]:
@@ -206,44 +224,107 @@ class RolloutService:
         return {"paused": False, "policy_version": self.policy_version}
 
     async def status(self) -> dict[str, Any]:
+        nodes = [await self._node_status(node) for node in self.nodes]
         return {**self.state.counts(), "policy_version": self.policy_version, "paused": self.paused,
-                "uptime": time.time() - self.started, "nodes": [await node.stats() for node in self.nodes]}
+                "uptime": time.time() - self.started, "nodes": nodes,
+                "unhealthy_nodes": [n["node"] for n in nodes if not n["healthy"]]}
+
+    async def _node_status(self, node: NodeHandle) -> dict[str, Any]:
+        try:
+            stats = await asyncio.wait_for(node.stats(), _CALL_TIMEOUT_S)
+        except Exception as exc:  # an unreachable node still has a line in the status
+            stats = {"stats_error": f"{type(exc).__name__}: {exc}"}
+        return {**stats, "node": node.name, **self._health[id(node)].as_dict()}
 
     # -- internals -------------------------------------------------------------------------
 
+    def _healthy(self) -> list[NodeHandle]:
+        return [node for node in self.nodes if self._health[id(node)].healthy]
+
     async def _dispatch(self, spec: SessionSpec) -> None:
-        load = {node.name: 0 for node in self.nodes}
-        for owner in self._owner.values():
-            load[owner.name] += 1
-        node = min(self.nodes, key=lambda n: load[n.name])
+        load = Counter(id(owner) for owner in self._owner.values())
+        # With no healthy node, one is picked anyway: its grace period requeues or fails the session.
+        node = min(self._healthy() or self.nodes, key=lambda n: load[id(n)])
         self._owner[spec.session_id] = node
         await node.submit(spec)
 
     async def _pump(self, node: NodeHandle) -> None:
+        health = self._health[id(node)]
         while True:
             try:
                 events = await node.events(1.0)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a node that cannot be reached right now: try again shortly
-                await asyncio.sleep(1.0)
+            except Exception as exc:
+                await self._stream_failed(node, health, exc)
                 continue
-            finished = await asyncio.to_thread(self._persist, events)
-            for session_id in finished:
-                self._owner.pop(session_id, None)
-            if finished:
-                async with self._new_result:
-                    self._new_result.notify_all()
+            if not health.healthy:
+                log.warning("node %s: event stream recovered after %d failures", node.name, health.recovered())
+            finished = await asyncio.to_thread(self._persist, node, events)
+            await self._finished(finished)
 
-    def _persist(self, events: list[tuple[str, Any]]) -> list[str]:
+    async def _stream_failed(self, node: NodeHandle, health: NodeHealth, exc: Exception) -> None:
+        """Log the failure, wait out the backoff, and once the grace period is over move the node's sessions."""
+        wait = health.failed(exc)
+        log.warning("node %s: event stream failed (%d in a row, unhealthy since %s; next try in %.1fs): %s",
+                    node.name, health.failures, health.describe_since(), wait, health.last_error,
+                    exc_info=exc if health.failures == 1 else None)
+        to_grace = self.node_grace - health.unhealthy_for()
+        if 0 < to_grace < wait:  # the grace period ends before the next try: act on time
+            await asyncio.sleep(to_grace)
+            wait -= to_grace
+        if health.unhealthy_for() >= self.node_grace:
+            await self._evacuate(node, health)
+        await asyncio.sleep(wait)
+
+    async def _evacuate(self, node: NodeHandle, health: NodeHealth) -> None:
+        """Start a lost node's unfinished sessions again elsewhere, or fail them with the cause."""
+        lost = [sid for sid, owner in self._owner.items() if owner is node]
+        if not lost:
+            return
+        cause = f"node {node.name} unhealthy since {health.describe_since()}: {health.last_error}"
+        try:  # should it still run them, they are no longer its to report
+            await asyncio.wait_for(node.cancel(lost), _CALL_TIMEOUT_S)
+        except Exception as exc:
+            log.info("node %s: could not cancel its lost sessions: %s", node.name, exc)
+        specs = await asyncio.to_thread(self.state.requeue, lost)
+        healthy = self._healthy()
+        log.warning("%s; %d unfinished sessions %s", cause, len(specs),
+                    "requeued on " + ", ".join(n.name for n in healthy) if healthy else "failed: no healthy node")
+        failed = []
+        for spec in specs:
+            self._owner.pop(spec.session_id, None)
+            if healthy:
+                await self._dispatch(spec)
+                continue
+            result = SessionResult(session_id=spec.session_id, task_id=spec.task.id, sample=spec.sample,
+                                   outcome="error", error=f"{cause}; no healthy node to requeue it on",
+                                   node=node.name)
+            await asyncio.to_thread(self.state.put_result, result)
+            failed.append(spec.session_id)
+        await self._finished(failed)
+
+    async def _finished(self, session_ids: list[str]) -> None:
+        for session_id in session_ids:
+            self._owner.pop(session_id, None)
+        if session_ids:
+            async with self._new_result:
+                self._new_result.notify_all()
+
+    def _persist(self, node: NodeHandle, events: list[tuple[str, Any]]) -> list[str]:
         finished = []
         for kind, payload in events:
             if kind == "stage":
                 session_id, stage = payload
-                if session_id in self._owner:
+                if self._owner.get(session_id) is node:
                     self.state.set_stage(session_id, stage)
-            else:
-                result = payload if isinstance(payload, SessionResult) else SessionResult.model_validate(payload)
-                self.state.put_result(result)
-                finished.append(result.session_id)
+                continue
+            result = payload if isinstance(payload, SessionResult) else SessionResult.model_validate(payload)
+            owner = self._owner.get(result.session_id)
+            if owner is not None and owner is not node:  # moved off this node when it was lost
+                log.info("node %s: ignoring its result for %s, now run by %s", node.name, result.session_id,
+                         owner.name)
+                continue
+            self.state.put_result(result)
+            finished.append(result.session_id)
         return finished

@@ -56,11 +56,12 @@ class NodeEnv:
 
 
 def embedded_gateway(upstream: str, db: str, port: int, upstream_model: str = "", tokenizer: str = "",
-                     docker: bool = False):
+                     docker: bool = False, allow_open_egress: bool | None = None):
     """polar in this process, and the runtimes whose sessions reach it. `local`: reverse mode for
     harnesses that take a base URL, an explicit-proxy listener for those that only honour
     HTTPS_PROXY. `docker` (optional): transparent listeners on the session network's gateway, so
-    calls to the providers' own hosts land in polar and are attributed by container address.
+    calls to the providers' own hosts land in polar and are attributed by container address; its
+    network fails closed unless `allow_open_egress` (polar.runtime.docker_runtime.EgressLockFailed).
     Returns the proxy (stop it when done) and the node's environment."""
     from polar.mitm.proxy import BackgroundProxy, ProxyConfig, free_port
     from polar.mitm.transparent import add_listeners, ca_cert_path, transparent_modes
@@ -77,8 +78,13 @@ def embedded_gateway(upstream: str, db: str, port: int, upstream_model: str = ""
     if docker:
         from polar.runtime.docker_runtime import DockerRuntime
 
-        runtime = DockerRuntime(addresses=registry)
-        add_listeners(transparent_modes(runtime.gateway_ip))
+        runtime = DockerRuntime(addresses=registry, allow_open_egress=allow_open_egress)
+        try:
+            add_listeners(transparent_modes(runtime.gateway_ip))
+        except BaseException:  # no sandbox network (e.g. its egress lock failed): nothing left running
+            runtime.close()
+            proxy.stop()
+            raise
         env.runtimes["docker"] = runtime
         env.polar_urls["docker"] = f"http://{runtime.gateway_ip}"
     return proxy, env

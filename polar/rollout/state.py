@@ -100,9 +100,12 @@ class RolloutState:
         rows = self._read("SELECT spec FROM sessions WHERE stage != ? ORDER BY rowid", [_TERMINAL])
         return [SessionSpec.model_validate_json(r["spec"]) for r in rows]
 
-    def requeue(self) -> list[SessionSpec]:
-        """After a restart: every unfinished session starts again as a new attempt (its sandbox is gone)."""
-        specs = [s.model_copy(update={"attempt": s.attempt + 1}) for s in self.unfinished()]
+    def requeue(self, session_ids: list[str] | None = None) -> list[SessionSpec]:
+        """Unfinished sessions (all, or these) start again as new attempts: after a restart, or off a
+        node the service lost (their sandboxes are gone, or no longer heard from)."""
+        wanted = None if session_ids is None else set(session_ids)
+        specs = [s.model_copy(update={"attempt": s.attempt + 1}) for s in self.unfinished()
+                 if wanted is None or s.session_id in wanted]
 
         def write() -> None:
             for s in specs:

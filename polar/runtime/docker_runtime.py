@@ -11,6 +11,8 @@ container per session, the session known by the container's IP on that network.
     each other.
   - with `restrict_host=True` (root, iptables), host ports other than 80/443 are refused to the
     bridge, so a container cannot reach other services listening on the host's wildcard address.
+    The lock fails closed: if it cannot be installed, the network is removed and `EgressLockFailed`
+    says why, unless the user opted out (`allow_open_egress=True`, POLAR_ALLOW_OPEN_EGRESS=1).
 Name resolution: each provider host is an `extra_hosts` entry pointing at the gateway IP; the
 container's resolv.conf names no working server, so every other name fails at once.
 Trust: polar's CA *certificate* is added to the image's system store in a small cached layer
@@ -70,6 +72,12 @@ _KILL_GRACE_S = 5
 # A resolv.conf that names a server on the container's own loopback, where nothing listens: every
 # lookup not answered by /etc/hosts is refused at once, rather than timing out.
 _RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+ALLOW_OPEN_EGRESS_ENV = "POLAR_ALLOW_OPEN_EGRESS"
+_OPT_OUT = f"pass --allow-open-egress / {ALLOW_OPEN_EGRESS_ENV}=1 to run with host ports open"
+
+
+class EgressLockFailed(RuntimeUnavailable):
+    """The host-port lock of a session network could not be installed: the sandbox does not start."""
 
 
 def connect(timeout: float = 120) -> docker.DockerClient:
@@ -90,6 +98,7 @@ class DockerRuntime(Runtime):
         network: str | None = None,
         subnet: str | None = None,
         restrict_host: bool = True,
+        allow_open_egress: bool | None = None,  # None: POLAR_ALLOW_OPEN_EGRESS=1 opts out of failing closed
     ):
         self.client = client or connect()
         # exec'd commands may be silent for long, so their client has no read timeout (their duration
@@ -101,6 +110,9 @@ class DockerRuntime(Runtime):
         self.bridge = f"polar{suffix}"[:15]  # Linux interface names are at most 15 bytes
         self.subnet = subnet
         self.restrict_host = restrict_host
+        if allow_open_egress is None:
+            allow_open_egress = os.environ.get(ALLOW_OPEN_EGRESS_ENV) == "1"
+        self.allow_open_egress = allow_open_egress
         self._network = None
         self._gateway: str | None = None
         self._host_rules: list[list[str]] = []
@@ -130,25 +142,53 @@ class DockerRuntime(Runtime):
         )
         self._network.reload()
         self._gateway = self._network.attrs["IPAM"]["Config"][0]["Gateway"].split("/")[0]
-        if self.restrict_host:
+        if not self.restrict_host:
+            return
+        try:
             self._close_host_ports()
+        except EgressLockFailed as err:
+            if not self.allow_open_egress:
+                self._remove_network()
+                raise
+            log.warning("%s; running with host ports open as asked (allow_open_egress)", err)
+        except BaseException:  # e.g. iptables not executable: nothing half-made stays behind
+            self._open_host_ports()
+            self._remove_network()
+            raise
 
     def _close_host_ports(self) -> None:
-        """Let the bridge reach the host on 80/443 only (polar); refuse everything else it sends in."""
+        """Let the bridge reach the host on 80/443 only (polar); refuse everything else it sends in.
+        All or nothing: a partial set could refuse polar's own ports or leave others open."""
         if shutil.which("iptables") is None:
-            log.warning("iptables missing: containers on %s can reach every host port on %s", self.network_name, self._gateway)
-            return
+            raise EgressLockFailed(f"iptables not found: cannot close host ports to the sandbox network "
+                                   f"{self.network_name}; install iptables or {_OPT_OUT}")
         rules = [  # each `-I` lands on top, so this list reads bottom-up
             ["-i", self.bridge, "-j", "REJECT"],  # refused at once, not left to time out
             ["-i", self.bridge, "-p", "tcp", "-m", "multiport", "--dports", "80,443", "-j", "ACCEPT"],
             ["-i", self.bridge, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
         ]
         for rule in rules:
-            done = subprocess.run(["iptables", "-I", "INPUT", *rule], capture_output=True, text=True)
+            done = subprocess.run(["iptables", "-I", "INPUT", *rule], capture_output=True, text=True, check=False)
             if done.returncode != 0:
-                log.warning("could not close host ports to %s: %s", self.bridge, done.stderr.strip())
-                return
+                self._open_host_ports()
+                raise EgressLockFailed(f"`iptables -I INPUT {shlex.join(rule)}` failed ({done.stderr.strip()}): "
+                                       f"cannot close host ports to the sandbox network {self.network_name}; "
+                                       f"run as root with iptables working or {_OPT_OUT}")
             self._host_rules.append(rule)
+
+    def _open_host_ports(self) -> None:
+        for rule in self._host_rules:
+            subprocess.run(["iptables", "-D", "INPUT", *rule], capture_output=True, check=False)
+        self._host_rules.clear()
+
+    def _remove_network(self) -> None:
+        if self._network is not None:
+            try:
+                self._network.remove()
+            except docker.errors.NotFound:
+                pass
+        self._network = None
+        self._gateway = None
 
     def start(self, spec: SandboxSpec) -> DockerSandbox:
         gateway = self.gateway_ip
@@ -195,16 +235,8 @@ class DockerRuntime(Runtime):
     def close(self) -> None:
         for sandbox in list(self._sandboxes):
             sandbox.stop()
-        for rule in self._host_rules:
-            subprocess.run(["iptables", "-D", "INPUT", *rule], capture_output=True)
-        self._host_rules.clear()
-        if self._network is not None:
-            try:
-                self._network.remove()
-            except docker.errors.NotFound:
-                pass
-            self._network = None
-            self._gateway = None
+        self._open_host_ports()
+        self._remove_network()
         Path(self._resolv.name).unlink(missing_ok=True)
         self._exec_api.close()
 

@@ -218,7 +218,7 @@ def test_nemo_gym_collects_scored_polar_rollouts(nemo_gym_venv, tokenizer_dir, t
     for failure in failures:
         result = results[failure["polar_session_id"]]
         assert (failure["polar_outcome"], failure["_ng_failure_class"]) == ("error", "transient")
-        assert failure["reward"] == 0.0
+        assert failure["reward"] is None  # no reward: not a 0.0 the trainer would learn from
         assert "runtime 'nowhere' is not available" in failure["polar_error"] == result.error
         (note,) = failure["response"]["output"]
         assert "generation_token_ids" not in note and "without a model call" in note["content"][0]["text"]
@@ -239,3 +239,35 @@ def test_polar_never_imports_nemo_gym():
     code = ("import sys, polar.cli, polar.adapters, polar.adapters.rollout_link; "
             "sys.exit('nemo_gym' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# verify_response on results with and without a reward, run in the NeMo Gym venv (the adapter imports nemo_gym).
+VERIFY = """
+import json, sys
+from polar.adapters.nemo_gym import PolarRunRequest, verify_response
+from polar.rollout.tasks import SessionResult
+
+row = PolarRunRequest.model_validate({"responses_create_params": {"input": "fix it"}})
+out = {}
+for name, fields in json.loads(sys.argv[1]).items():
+    result = SessionResult(session_id="s." + name, task_id="t", sample=0, **fields)
+    out[name] = verify_response(row, result, lambda ids: "")
+print(json.dumps(out))
+"""
+
+
+def test_a_missing_reward_is_a_failure_not_zero(nemo_gym_venv):
+    cases = {"scored_zero": {"outcome": "ok", "reward": 0.0},
+             "unscored": {"outcome": "ok"},
+             "unscored_timeout": {"outcome": "timeout", "partial": True},
+             "evaluator_failed": {"outcome": "error", "error": "evaluator swe: boom"}}
+    env = {**nemo_gym_env(nemo_gym_venv), "PYTHONPATH": str(REPO)}  # this checkout's adapter
+    done = subprocess.run([str(nemo_gym_venv / "bin" / "python"), "-c", VERIFY, json.dumps(cases)], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout)
+    assert got["scored_zero"]["reward"] == 0.0 and "_ng_failure_class" not in got["scored_zero"]  # a real 0.0
+    for name in ("unscored", "unscored_timeout", "evaluator_failed"):
+        assert got[name]["reward"] is None and got[name]["_ng_failure_class"] == "transient", got[name]
+    assert "without a reward" in got["unscored"]["polar_error"]
+    assert got["evaluator_failed"]["polar_error"] == "evaluator swe: boom"

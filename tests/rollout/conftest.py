@@ -46,10 +46,22 @@ def run_sessions(env: NodeEnv, tasks: list[TaskSpec], timeout: float = 90, **con
     return asyncio.run(main())
 
 
+async def first_results(service, n: int, timeout: float) -> list[SessionResult]:
+    """The first `n` results a RolloutService streams, in order (TimeoutError after `timeout` s)."""
+    results: list[SessionResult] = []
+    async with asyncio.timeout(timeout):
+        async for item in service.results(follow=True, heartbeat=0.5):
+            results += [item[1]] if item else []
+            if len(results) == n:
+                return results
+    return results
+
+
 class ApiServer:
     """The rollout API and a service on a simulated node, in a background thread."""
 
-    def __init__(self, state_path: Path, token: str | None = None, host: str = "127.0.0.1", **config):
+    def __init__(self, state_path: Path, token: str | None = None, host: str = "127.0.0.1", make=None, **config):
+        """`make`: builds the service on the server's loop (default: one simulated node)."""
         import threading
 
         import uvicorn
@@ -63,8 +75,8 @@ class ApiServer:
         self.port = free_port()
         self.url = f"http://{host}:{self.port}"
         cfg = NodeConfig(**config)
-        self._make = lambda: RolloutService(RolloutState(state_path),
-                                            [LocalNode(GatewayNode(SimulatedPhases(0.01), cfg))])
+        self._make = make or (lambda: RolloutService(RolloutState(state_path),
+                                                     [LocalNode(GatewayNode(SimulatedPhases(0.01), cfg))]))
         self._server: uvicorn.Server | None = None
         self._thread = threading.Thread(target=self._run, args=(create_app, token, host), daemon=True)
 

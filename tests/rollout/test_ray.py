@@ -10,6 +10,7 @@ from polar.rollout.node import NodeConfig
 from polar.rollout.service import RolloutService
 from polar.rollout.state import RolloutState
 from polar.rollout.tasks import TaskSpec
+from tests.rollout.conftest import first_results
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # a local Ray cluster takes seconds to start
@@ -34,13 +35,7 @@ def test_service_spreads_a_group_over_node_actors(local_ray, tmp_path):
             await service.resume(policy_version=2)
             task = TaskSpec(id="grp", instruction="x", samples=9, metadata={"sim": {"run": 5, "reward": 1.0}})
             (accepted,) = await service.submit([task])
-            results = []
-            async with asyncio.timeout(60):
-                async for item in service.results(follow=True, heartbeat=0.5):
-                    if item:
-                        results.append(item[1])
-                    if len(results) == 9:
-                        break
+            results = await first_results(service, 9, timeout=60)
             return accepted, results, await service.status()
         finally:
             await service.close()
@@ -74,13 +69,7 @@ def test_real_sessions_on_a_gateway_node_actor(local_ray, double_server, tokeniz
             task = TaskSpec(id="ray-real", instruction="x", samples=2,
                             harness=Named(name="shell", options={"script": ONE_CALL}))
             await service.submit([task])
-            results = []
-            async with asyncio.timeout(90):
-                async for item in service.results(follow=True, heartbeat=0.5):
-                    results += [item[1]] if item else []
-                    if len(results) == 2:
-                        break
-            return results
+            return await first_results(service, 2, timeout=90)
         finally:
             await service.close()
 
