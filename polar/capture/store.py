@@ -60,6 +60,7 @@ SCHEMA: dict[str, Any] = {
     "finish_reason": str,
     "policy_version": str,
     "prompt_mode": str,  # how the prompt was built (chat-template | token-faithful …)
+    "rewrites": str,  # JSON list: what the provider's parser changed or left out of the request
     "t_start": float,
     "t_upstream": float,  # seconds spent waiting for the upstream
     "t_end": float,
@@ -182,6 +183,16 @@ class CaptureStore:
         conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # never waits for readers; the next write restarts the WAL
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
+
+    def seal_key(self) -> bytes:
+        """Key of the reasoning seals minted for this database's calls: random, made on first use
+        and kept here, so seals survive restarts and one database's seals do not open in another."""
+        conn = self._connect()
+        try:
+            conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('seal_key', ?)", (os.urandom(32).hex(),))
+            return bytes.fromhex(conn.execute("SELECT value FROM meta WHERE key='seal_key'").fetchone()[0])
+        finally:
+            conn.close()
 
     def key_salt(self) -> bytes:
         """Salt for hashing client API keys; kept in the database so sessions survive restarts."""
