@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from polar import providers
 from polar.canonical import ChatRequest, ChatResult, Message, TextPart
 from polar.capture.store import CaptureStore
 from polar.errors import GatewayError
-from polar.providers.base import HttpReply, Provider, Route
+from polar.providers import ProviderSet, Sealer
+from polar.providers.base import HttpReply, Parsed, Provider, Route
 from polar.sessions import Identity, SessionRegistry, redact
 
 log = logging.getLogger("polar.gateway")
@@ -70,6 +70,7 @@ class Gateway:
         self.store = store
         self.backend = backend
         self.registry = registry or SessionRegistry(salt=store.key_salt())
+        self.providers = ProviderSet(Sealer(store.seal_key()))
         self.max_body_bytes = max_body_bytes
         self.model_aliases = model_aliases or []
         # Weight updates: a trainer pauses sampling, waits for in-flight calls, swaps weights and
@@ -114,8 +115,8 @@ class Gateway:
         side = await self._side_call(req, path)
         if side is not None:
             return GatewayReply(side, {"session": ident.session, "kind": "side-call"})
-        route = providers.detect(req.method, path, req.query, req.headers)
-        provider = route.provider if route else providers.guess(path, req.headers)
+        route = self.providers.detect(req.method, path, req.query, req.headers)
+        provider = route.provider if route else self.providers.guess(path, req.headers)
         if route is None and req.method in ("GET", "HEAD"):
             # A client's own side channel (settings, feature flags): no model call, so no capture.
             err = GatewayError("not_found", f"polar does not serve {req.method} {path}")
@@ -129,12 +130,12 @@ class Gateway:
             # Codex tries Responses-over-WebSocket first and falls back to HTTP when refused.
             err = GatewayError("invalid_request", "polar serves the Responses API over HTTP only; WebSocket refused")
             err.status = 426
-            return providers.guess(path, req.headers).render_error(err)
+            return self.providers.guess(path, req.headers).render_error(err)
         if path in ("/", "") and req.method in ("HEAD", "GET"):
             return HttpReply(200, b"" if req.method == "HEAD" else b"polar gateway\n", {"content-type": "text/plain"})
         if req.method == "GET" and path.rstrip("/").endswith("/models"):
             names = list(dict.fromkeys([await self._model_or_none(), *self.model_aliases]))
-            return providers.guess(path, req.headers).render_models([n for n in names if n])
+            return self.providers.guess(path, req.headers).render_models([n for n in names if n])
         return None
 
     async def _model_or_none(self) -> str | None:
@@ -176,8 +177,11 @@ class Gateway:
                                                  f"act as session {ident.refused!r}")
             if route is None:
                 raise GatewayError("not_found", f"polar does not serve {req.method} {ident.path}")
-            request = self._parse(req, route)
-            if request.metadata.get("previous_response_id"):
+            parsed = self._parse(req, route)
+            request = parsed.request
+            if parsed.rewrites:
+                fields["rewrites"] = json.dumps(parsed.rewrites)
+            if request.continues:
                 request = await self._continue_from(request, ident.session)
             fields["model"] = request.model
             fields["stream"] = int(request.stream)
@@ -188,7 +192,7 @@ class Gateway:
                 self._in_flight += 1
                 self._idle.clear()
                 try:
-                    reply = await self._generate(request, route, ident, call_id, fields, meta)
+                    reply = await self._generate(parsed, request, route, ident, call_id, fields, meta)
                 finally:
                     self._in_flight -= 1
                     if self._in_flight == 0:
@@ -210,7 +214,7 @@ class Gateway:
         reply.headers.update({"x-polar-call-id": call_id, "x-polar-session": ident.session})
         return GatewayReply(reply, meta)
 
-    def _parse(self, req: GatewayRequest, route: Route) -> ChatRequest:
+    def _parse(self, req: GatewayRequest, route: Route) -> Parsed:
         if len(req.body) > self.max_body_bytes:
             raise GatewayError(
                 "too_large", f"request body is {len(req.body)} bytes; polar accepts at most {self.max_body_bytes}"
@@ -224,12 +228,12 @@ class Gateway:
         return route.provider.parse(route, body)
 
     async def _generate(
-        self, request: ChatRequest, route: Route, ident: Identity, call_id: str, fields: dict, meta: dict
+        self, parsed: Parsed, request: ChatRequest, route: Route, ident: Identity, call_id: str, fields: dict, meta: dict
     ) -> HttpReply:
         t_up = time.time()
         result = await self.backend.complete(request, call_id, ident.session, meta["row"])
         fields["t_upstream"] = time.time() - t_up
-        reply = route.provider.render(route, request, result)
+        reply = route.provider.render(route, parsed.context, request, result)
         fields.update(
             upstream_model=result.model,
             result=result.model_dump_json(exclude={"prompt_token_ids", "completion_token_ids", "completion_logprobs"}),
@@ -245,7 +249,7 @@ class Gateway:
 
     async def _continue_from(self, request: ChatRequest, session: str) -> ChatRequest:
         """Responses `previous_response_id`: prepend that call's conversation and answer (same session only)."""
-        response_id: str = request.metadata["previous_response_id"]
+        response_id = request.continues or ""
         prior = await asyncio.to_thread(self.store.find_call, response_id.removeprefix("resp_"), session)
         if prior is None or not prior.get("canonical") or not prior.get("result"):
             raise GatewayError("invalid_request", f"previous response '{response_id}' was not found", param="previous_response_id")

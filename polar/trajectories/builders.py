@@ -193,8 +193,10 @@ class _Conversation:
         if not isinstance(canonical, dict) or not isinstance(canonical.get("messages"), list):
             return None
         messages = [m for m in canonical["messages"] if isinstance(m, dict) and m.get("role") != "system"]
-        metadata = canonical.get("metadata")
-        previous = metadata.get("previous_response_id") if isinstance(metadata, dict) else None
+        metadata = canonical.get("metadata")  # captures made before `continues` kept it in metadata
+        previous = canonical.get("continues") or (
+            metadata.get("previous_response_id") if isinstance(metadata, dict) else None
+        )
         opening = json.dumps(messages[0], sort_keys=True, ensure_ascii=False) if messages else ""
         return cls(opening, tuple(str(m.get("role")) for m in messages),
                    previous.removeprefix("resp_") if isinstance(previous, str) else None)

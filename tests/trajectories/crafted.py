@@ -45,6 +45,7 @@ class Recorder:
         logprobs: list[float] | None = None,
         metadata: dict | None = None,
         policy: str | None = None,
+        continues: str | None = None,
     ) -> int:
         row_id = self._begin(session)
         fields = self.store.tokens_fields(
@@ -52,7 +53,7 @@ class Recorder:
             [-0.25 - i / 100 for i in range(len(completion))] if logprobs is None else logprobs,
         )
         fields.update(status="ok", finish_reason=finish, prompt_mode=mode, policy_version=policy,
-                      model="test-model", canonical=self._canonical(messages, metadata))
+                      model="test-model", canonical=self._canonical(messages, metadata, continues))
         asyncio.run(self.store.finish(row_id, fields))
         return row_id
 
@@ -79,10 +80,11 @@ class Recorder:
         return row_id
 
     @staticmethod
-    def _canonical(messages: list[dict] | None, metadata: dict | None) -> str | None:
+    def _canonical(messages: list[dict] | None, metadata: dict | None, continues: str | None = None) -> str | None:
         if messages is None:
             return None
-        return json.dumps({"model": "test-model", "messages": messages, **({"metadata": metadata} if metadata else {})})
+        extra = {**({"metadata": metadata} if metadata else {}), **({"continues": continues} if continues else {})}
+        return json.dumps({"model": "test-model", "messages": messages, **extra})
 
 
 # -- a real session: the official openai SDK -> polar -> the scripted vLLM double ------------------
