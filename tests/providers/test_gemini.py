@@ -517,7 +517,7 @@ def test_history_with_ids():
             ]
         }
     )
-    user, assistant, tool_b, tool_a, follow_up = request.messages
+    _user, assistant, tool_b, tool_a, follow_up = request.messages
     assert assistant.text() == "Reading."
     assert [(c.id, c.name, json.loads(c.arguments)) for c in assistant.tool_calls] == [
         ("c1", "read_file", {"path": "a"}),
