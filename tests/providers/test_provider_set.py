@@ -109,3 +109,15 @@ def test_the_gateway_records_what_the_parser_left_out(tmp_path):
         assert json.loads(row["rewrites"]) == ["hosted tool not offered to the model: web_search"]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_gateway_refuses_websocket_with_426_in_every_shape(tmp_path, name):
+    store = CaptureStore(tmp_path / "c.db")
+    try:
+        headers = {"upgrade": "websocket", "connection": "Upgrade"}
+        out = asyncio.run(Gateway(store, _Backend()).handle(GatewayRequest("GET", ROUTES[name], {}, headers, b"")))
+        body = json.loads(out.reply.body)
+        assert out.reply.status == 426 and "websocket" in body["error"]["message"].lower()
+    finally:
+        store.close()
