@@ -116,6 +116,11 @@ class ChatRequest(_Model):
     stream: bool = False
     # JSON schema the answer must follow (OpenAI response_format / Gemini responseJsonSchema).
     response_schema: dict[str, Any] | None = None
+    # The id of an earlier answer this request continues (Responses `previous_response_id`): the
+    # gateway prepends that call's conversation and answer before the upstream sees the request.
+    continues: str | None = None
+    # The client's own request metadata (Anthropic `metadata`, Responses `metadata`), kept on the
+    # capture as the client's tags; polar itself never reads it.
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -49,7 +49,8 @@ from polar.canonical import ChatRequest, ChatResult, Message, Reasoning, TextPar
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages  # noqa: E402
 from polar.capture.writer import CaptureWriter  # noqa: E402
-from polar.providers.openai_chat import OpenAIChat  # noqa: E402
+from polar.providers.openai_chat import ChatContext, OpenAIChat  # noqa: E402
+from polar.providers.reasoning_seal import Sealer  # noqa: E402
 from polar.tokens import ChatTemplate  # noqa: E402
 from polar.sessions.fingerprints import message_fingerprint, request_context_key  # noqa: E402
 from polar.sessions.state import SessionState, Turn  # noqa: E402
@@ -314,10 +315,10 @@ def tools_of(request: ChatRequest) -> list[dict[str, Any]] | None:
 
 def build_prompts(template: ChatTemplate, calls: list[Call], repeat: int) -> list[Built]:
     """Every call's prompt, built as the token-faithful gateway builds it, each step timed, against a re-render."""
-    provider = OpenAIChat()
+    provider = OpenAIChat(Sealer(os.urandom(32)))  # Chat mints no seals; any key will do
     route = provider.match("POST", "/v1/chat/completions", {}, {})
     buffers = SessionState()
-    return [build_one(template, buffers, provider.parse(route, json.loads(json.dumps(call.body))), call, row, repeat)
+    return [build_one(template, buffers, provider.parse(route, json.loads(json.dumps(call.body))).request, call, row, repeat)
             for row, call in enumerate(calls, 1)]
 
 
@@ -380,7 +381,7 @@ class GatewayCall:
 
 def gateway_calls(calls: list[Call], built: list[Built], seed: int) -> list[GatewayCall]:
     """The session's calls as the gateway records them: raw body, canonical request, result, response body."""
-    provider = OpenAIChat()
+    provider = OpenAIChat(Sealer(os.urandom(32)))  # Chat mints no seals; any key will do
     route = provider.match("POST", "/v1/chat/completions", {}, {})
     rng = random.Random(seed)
     out = []
@@ -399,7 +400,7 @@ def gateway_calls(calls: list[Call], built: list[Built], seed: int) -> list[Gate
                     "canonical": item.request.model_dump(mode="json", exclude_none=True),  # as the gateway stores it
                     "result": result.model_dump_json(exclude={"prompt_token_ids", "completion_token_ids",
                                                               "completion_logprobs"}),
-                    "response_body": provider.render(route, item.request, result).body,
+                    "response_body": provider.render(route, ChatContext(), item.request, result).body,
                     "finish_reason": result.finish_reason, "prompt_mode": item.mode},
             prompt=item.prompt, sampled=call.sampled, logprobs=[-rng.random() for _ in call.sampled],
         ))

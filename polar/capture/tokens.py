@@ -42,8 +42,13 @@ def unpack_logprobs(blob: bytes | None) -> list[float] | None:
 
 
 def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
+    """Length of the common prefix, scanning in growing blocks so an early mismatch is cheap."""
+    n, start, step = min(len(a), len(b)), 0, 64
+    while start < n:
+        stop = min(n, start + step)
+        diff = np.flatnonzero(a[start:stop] != b[start:stop])
+        if len(diff):
+            return start + int(diff[0])
+        start, step = stop, step * 2
+    return n
+

@@ -20,14 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar import providers
 from polar.canonical import ChatRequest, ChatResult
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages
 from polar.capture.writer import CaptureError, CaptureWriter
 from polar.errors import GatewayError
 from polar.gateway.gate import SamplingGate
-from polar.providers.base import HttpReply, Provider, Route
+from polar.providers import ProviderSet, Sealer
+from polar.providers.base import HttpReply, Parsed, Provider, Route
 from polar.sessions.fingerprints import answer_message, message_fingerprint
 from polar.sessions.identity import Identity, SessionRegistry, redact
 from polar.sessions.state import SessionStates, SessionView, new_turn
@@ -70,6 +70,7 @@ class Gateway:
         self.registry = registry or SessionRegistry(salt=writer.key_salt)
         self.states = states or SessionStates(self.reader.recent_calls)
         self.gate = gate or SamplingGate()
+        self.providers = ProviderSet(Sealer(writer.seal_key))  # reasoning seals keyed per capture database
         self.max_body_bytes = max_body_bytes
         self.model_aliases = model_aliases or []
 
@@ -79,8 +80,8 @@ class Gateway:
         side = await self._side_call(req, path)
         if side is not None:
             return GatewayReply(side, {"session": ident.session, "kind": "side-call"})
-        route = providers.detect(req.method, path, req.query, req.headers)
-        provider = route.provider if route else providers.guess(path, req.headers)
+        route = self.providers.detect(req.method, path, req.query, req.headers)
+        provider = route.provider if route else self.providers.guess(path, req.headers)
         if route is None and req.method in ("GET", "HEAD"):
             # A client's own side channel (settings, feature flags): no model call, so no capture.
             err = GatewayError("not_found", f"polar does not serve {req.method} {path}")
@@ -94,12 +95,12 @@ class Gateway:
             # Codex tries Responses-over-WebSocket first and falls back to HTTP when refused.
             err = GatewayError("invalid_request", "polar serves the Responses API over HTTP only; WebSocket refused")
             err.status = 426
-            return providers.guess(path, req.headers).render_error(err)
+            return self.providers.guess(path, req.headers).render_error(err)
         if path in ("/", "") and req.method in ("HEAD", "GET"):
             return HttpReply(200, b"" if req.method == "HEAD" else b"polar gateway\n", {"content-type": "text/plain"})
         if req.method == "GET" and path.rstrip("/").endswith("/models"):
             names = list(dict.fromkeys([await self._model_or_none(), *self.model_aliases]))
-            return providers.guess(path, req.headers).render_models([n for n in names if n])
+            return self.providers.guess(path, req.headers).render_models([n for n in names if n])
         return None
 
     async def _model_or_none(self) -> str | None:
@@ -159,8 +160,10 @@ class Gateway:
                                              f"act as session {ident.refused!r}")
         if route is None:
             raise GatewayError("not_found", f"polar does not serve {req.method} {ident.path}")
-        request = self._parse(req, route)
-        if request.metadata.get("previous_response_id"):
+        parsed = self._parse(req, route)
+        state.rewrites = list(parsed.rewrites)
+        request = parsed.request
+        if request.continues:
             request = await self._continue_from(request, ident.session)
         state.request = request
         if route.endpoint == "count_tokens":
@@ -175,7 +178,7 @@ class Gateway:
             state.t_upstream = time.time() - t_up
         state.result = result
         state.lineage = session.lineage(result.prompt_token_ids)
-        return route.provider.render(route, request, result)
+        return route.provider.render(route, parsed.context, request, result)
 
     def _remember(self, session: str, row_id: int, state: _Call, end: CallEnd) -> None:
         messages = None
@@ -186,7 +189,7 @@ class Gateway:
             turn = new_turn(row_id, state.request, state.keys, state.result)
         self.states.record(session, turn, messages)
 
-    def _parse(self, req: GatewayRequest, route: Route) -> ChatRequest:
+    def _parse(self, req: GatewayRequest, route: Route) -> Parsed:
         if len(req.body) > self.max_body_bytes:
             raise GatewayError(
                 "too_large", f"request body is {len(req.body)} bytes; polar accepts at most {self.max_body_bytes}"
@@ -203,7 +206,7 @@ class Gateway:
 
     async def _continue_from(self, request: ChatRequest, session: str) -> ChatRequest:
         """Responses `previous_response_id`: prepend that call's conversation and answer (same session only)."""
-        response_id: str = request.metadata["previous_response_id"]
+        response_id = request.continues or ""
         prior = await asyncio.to_thread(self.reader.find_call, response_id.removeprefix("resp_"), session)
         if prior is None or not prior.get("canonical") or not prior.get("result"):
             raise GatewayError("invalid_request", f"previous response '{response_id}' was not found", param="previous_response_id")
@@ -232,8 +235,10 @@ class _Call:
     session_messages: list = field(default_factory=list)
     lineage: Any = None
     t_upstream: float | None = None
+    rewrites: list[str] = field(default_factory=list)  # what polar changed in the request, and why
 
     def fill(self, end: CallEnd, gate: SamplingGate) -> None:
+        end.rewrites = self.rewrites
         if self.request is not None:
             end.model, end.stream = self.request.model, self.request.stream
             canonical = self.request.model_dump(mode="json", exclude_none=True)

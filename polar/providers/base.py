@@ -4,6 +4,10 @@ A provider knows four things: which requests are its own (`match`), how its requ
 becomes a canonical `ChatRequest` (`parse`), and how a `ChatResult` or a `GatewayError`
 goes back in its exact response shape, streamed or not (`render`, `render_error`).
 Everything else (sessions, upstream, capture) is shared and lives outside `providers/`.
+
+What render needs beyond the canonical request (echoed settings, which tools were custom, the
+client's display choices) travels in the provider's own typed context, handed back from `parse`
+in `Parsed` — never through the canonical request the upstream sees.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from polar.canonical import ChatRequest, ChatResult
-from polar.errors import GatewayError
+from polar.canonical import ChatRequest, ChatResult, ToolCall
+from polar.errors import STATUS, GatewayError
+from polar.providers.reasoning_seal import Sealer
 
 Endpoint = Literal["generate", "count_tokens"]
 
@@ -24,7 +29,7 @@ Endpoint = Literal["generate", "count_tokens"]
 class Route:
     """What a request is: which provider, which endpoint, and what the path itself says."""
 
-    provider: "Provider"
+    provider: Provider
     endpoint: Endpoint
     model: str | None = None  # from the path (Gemini puts the model there)
     stream: bool | None = None  # from the path (Gemini :streamGenerateContent)
@@ -38,27 +43,42 @@ class HttpReply:
     headers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def json(cls, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> "HttpReply":
+    def json(cls, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> HttpReply:
         return cls(status, dumps(obj), {"content-type": "application/json", **(headers or {})})
 
     @classmethod
-    def sse(cls, body: bytes, headers: dict[str, str] | None = None) -> "HttpReply":
+    def sse(cls, body: bytes, headers: dict[str, str] | None = None) -> HttpReply:
         base = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
         return cls(200, body, {**base, **(headers or {})})
 
 
-class Provider:
+@dataclass
+class Parsed[Ctx]:
+    """A parsed request: the canonical request, the provider's render context, and what the
+    parser changed or left out (short human-readable notes the gateway records on the capture)."""
+
+    request: ChatRequest
+    context: Ctx
+    rewrites: list[str] = field(default_factory=list)
+
+
+class Provider[Ctx]:
     name: ClassVar[str]
+    # kind -> HTTP status on this API; `GatewayError.status`, when the raiser set one, wins.
+    statuses: ClassVar[dict[str, int]] = STATUS
+
+    def __init__(self, sealer: Sealer):
+        self.sealer = sealer  # mints and opens the reasoning tokens clients echo back (their capture DB's key)
 
     def match(self, method: str, path: str, query: dict[str, str], headers: dict[str, str]) -> Route | None:
         """Return a Route when (method, path) is one of this provider's model endpoints."""
         raise NotImplementedError
 
-    def parse(self, route: Route, body: Any) -> ChatRequest:
+    def parse(self, route: Route, body: Any) -> Parsed[Ctx]:
         """Provider JSON body (already decoded) → canonical request. Raises GatewayError('invalid_request')."""
         raise NotImplementedError
 
-    def render(self, route: Route, request: ChatRequest, result: ChatResult) -> HttpReply:
+    def render(self, route: Route, context: Ctx, request: ChatRequest, result: ChatResult) -> HttpReply:
         """Canonical result → the provider's response, as an SSE stream when `request.stream`."""
         raise NotImplementedError
 
@@ -67,7 +87,13 @@ class Provider:
         raise NotImplementedError
 
     def render_error(self, error: GatewayError) -> HttpReply:
-        """The provider's own error object and status code."""
+        """The provider's own error object, with the status decided here, once for all providers."""
+        status = error.status or self.statuses[error.kind]
+        body, headers = self.error_body(error, status)
+        return HttpReply.json(body, status=status, headers=headers)
+
+    def error_body(self, error: GatewayError, status: int) -> tuple[dict[str, Any], dict[str, str]]:
+        """The provider's error object (and any headers) for an error answered with `status`."""
         raise NotImplementedError
 
     def render_models(self, models: list[str]) -> HttpReply:
@@ -75,15 +101,13 @@ class Provider:
         raise NotImplementedError
 
 
+def bare_path(path: str) -> str:
+    """The path without a query string (Azure adds `?api-version=`) or trailing slash."""
+    return path.split("?", 1)[0].rstrip("/")
+
+
 def dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def sse_event(data: Any, event: str | None = None) -> bytes:
-    """One SSE event. `data` that is not already a string is JSON-encoded on one line."""
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
 
 
 def new_id(prefix: str, nbytes: int = 12) -> str:
@@ -92,3 +116,10 @@ def new_id(prefix: str, nbytes: int = 12) -> str:
 
 def now() -> int:
     return int(time.time())
+
+
+def arguments_object(call: ToolCall) -> dict[str, Any]:
+    """Arguments for APIs that type them as an object (Anthropic `input`, Gemini `args`);
+    anything that is not a JSON object is handed over raw, as {"_raw": text}."""
+    value = call.arguments_obj()
+    return value if isinstance(value, dict) else {"_raw": call.arguments}

@@ -16,11 +16,14 @@ Decisions:
 - `logprobs` requests are accepted but answered with `logprobs: null`; token-level data lives
   in the capture store, not in the client's response.
 - Chat has no token-count endpoint, so `render_count` is never routed here.
+- `chat_template_kwargs` (a vLLM extension) is read for `enable_thinking` only, which becomes the
+  canonical thinking switch the upstream sends; other keys are listed in the rewrites.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from polar.canonical import (
@@ -35,26 +38,35 @@ from polar.canonical import (
     Tool,
     ToolCall,
 )
-from polar.errors import GatewayError, invalid, optional, require
-from polar.providers.base import HttpReply, Provider, Route, sse_event
+from polar.errors import GatewayError
+from polar.providers.base import HttpReply, Parsed, Provider, Route, bare_path
+from polar.providers.fields import (
+    body_object,
+    expect,
+    invalid,
+    number,
+    optional,
+    require,
+)
 from polar.providers.openai_common import (
-    array,
-    bare_path,
-    error_reply,
+    deltas,
+    error_body,
     image_from_url,
     json_schema_format,
     models_reply,
     name_tool_results,
-    number,
-    obj,
-    pieces,
-    string,
     thinking_from_effort,
     tool_choice,
 )
+from polar.providers.stream import sse_event
 
 
-class OpenAIChat(Provider):
+@dataclass(frozen=True)
+class ChatContext:
+    include_usage: bool = False  # stream_options.include_usage: a last chunk carries the usage
+
+
+class OpenAIChat(Provider[ChatContext]):
     name = "openai_chat"
 
     def match(self, method: str, path: str, query: dict[str, str], headers: dict[str, str]) -> Route | None:
@@ -62,48 +74,46 @@ class OpenAIChat(Provider):
             return Route(self, "generate")
         return None
 
-    def parse(self, route: Route, body: Any) -> ChatRequest:
-        body = obj(body, "request body")
+    def parse(self, route: Route, body: Any) -> Parsed[ChatContext]:
+        body = body_object(body)
         _refuse_unsupported(body)
         raw_messages = require(body, "messages", list)
         if not raw_messages:
             raise invalid("'messages' must contain at least one message", "messages")
         stream_options = optional(body, "stream_options", dict, default={})
-        metadata: dict[str, Any] = {}
-        if optional(stream_options, "include_usage", bool, "stream_options."):
-            metadata["include_usage"] = True
-        template_kwargs = optional(body, "chat_template_kwargs", dict)
-        if template_kwargs:
-            metadata["chat_template_kwargs"] = template_kwargs
+        include_usage = bool(optional(stream_options, "include_usage", bool, "stream_options."))
+        template_kwargs = optional(body, "chat_template_kwargs", dict, default={})
+        ignored = sorted(k for k in template_kwargs if k != "enable_thinking")
+        rewrites = [f"chat_template_kwargs ignored: {', '.join(ignored)}"] if ignored else []
         response_format = optional(body, "response_format", dict)
         schema = (
             json_schema_format(response_format, "response_format", nested="json_schema") if response_format else None
         )
         messages = [_message(m, f"messages[{i}]") for i, m in enumerate(raw_messages)]
         name_tool_results(messages)
-        return ChatRequest(
+        request = ChatRequest(
             model=require(body, "model", str),
             messages=messages,
             tools=[_tool(t, f"tools[{i}]") for i, t in enumerate(optional(body, "tools", list, default=[]))],
             tool_choice=tool_choice(body.get("tool_choice")),
             parallel_tool_calls=optional(body, "parallel_tool_calls", bool),
             sampling=_sampling(body),
-            thinking=_thinking(body, template_kwargs or {}),
+            thinking=_thinking(body, template_kwargs),
             stream=optional(body, "stream", bool, default=False),
             response_schema=schema,
-            metadata=metadata,
         )
+        return Parsed(request, ChatContext(include_usage=include_usage), rewrites)
 
-    def render(self, route: Route, request: ChatRequest, result: ChatResult) -> HttpReply:
+    def render(self, route: Route, context: ChatContext, request: ChatRequest, result: ChatResult) -> HttpReply:
         if request.stream:
-            return HttpReply.sse(_stream(request, result))
+            return HttpReply.sse(_stream(context, request, result))
         return HttpReply.json(_completion(request, result))
 
     def render_count(self, route: Route, input_tokens: int) -> HttpReply:
         raise NotImplementedError("Chat Completions has no token-count endpoint")
 
-    def render_error(self, error: GatewayError) -> HttpReply:
-        return error_reply(error)
+    def error_body(self, error: GatewayError, status: int) -> tuple[dict, dict[str, str]]:
+        return error_body(error), {}
 
     def render_models(self, models: list[str]) -> HttpReply:
         return models_reply(models)
@@ -156,7 +166,7 @@ def _thinking(body: dict, template_kwargs: dict) -> Thinking:
 
 
 def _message(raw: Any, where: str) -> Message:
-    raw = obj(raw, where)
+    raw = expect(raw, dict, where)
     role = require(raw, "role", str, f"{where}.")
     if role in ("system", "developer"):
         return Message(role="system", content=_parts(raw.get("content"), f"{where}.content", images=False))
@@ -194,10 +204,10 @@ def _assistant(raw: dict, where: str) -> Message:
 
 
 def _tool_call(raw: Any, where: str) -> ToolCall:
-    raw = obj(raw, where)
+    raw = expect(raw, dict, where)
     if raw.get("type", "function") != "function":
         raise invalid(f"'{where}.type' must be 'function'", f"{where}.type")
-    function = obj(raw.get("function"), f"{where}.function")
+    function = expect(raw.get("function"), dict, f"{where}.function")
     arguments = function.get("arguments")
     if isinstance(arguments, dict):  # some replayed histories carry parsed arguments
         arguments = json.dumps(arguments, ensure_ascii=False)
@@ -206,7 +216,7 @@ def _tool_call(raw: Any, where: str) -> ToolCall:
     return ToolCall(
         id=require(raw, "id", str, f"{where}."),
         name=require(function, "name", str, f"{where}.function."),
-        arguments=string(arguments, f"{where}.function.arguments"),
+        arguments=expect(arguments, str, f"{where}.function.arguments"),
     )
 
 
@@ -216,11 +226,11 @@ def _parts(content: Any, where: str, *, images: bool) -> list[Part]:
         return []
     if isinstance(content, str):
         return [TextPart(text=content)] if content else []
-    return [_part(p, f"{where}[{i}]", images) for i, p in enumerate(array(content, where))]
+    return [_part(p, f"{where}[{i}]", images) for i, p in enumerate(expect(content, list, where))]
 
 
 def _part(raw: Any, where: str, images: bool) -> Part:
-    raw = obj(raw, where)
+    raw = expect(raw, dict, where)
     kind = raw.get("type")
     if kind == "text":
         return TextPart(text=require(raw, "text", str, f"{where}."))
@@ -234,10 +244,10 @@ def _part(raw: Any, where: str, images: bool) -> Part:
 
 
 def _tool(raw: Any, where: str) -> Tool:
-    raw = obj(raw, where)
+    raw = expect(raw, dict, where)
     if raw.get("type") != "function":
         raise invalid(f"'{where}.type' must be 'function' (custom tools are not supported here)", f"{where}.type")
-    function = obj(raw.get("function"), f"{where}.function")
+    function = expect(raw.get("function"), dict, f"{where}.function")
     parameters = optional(function, "parameters", dict, f"{where}.function.")
     return Tool(
         name=require(function, "name", str, f"{where}.function."),
@@ -296,14 +306,14 @@ def _completion(request: ChatRequest, result: ChatResult) -> dict:
     }
 
 
-def _stream(request: ChatRequest, result: ChatResult) -> bytes:
+def _stream(context: ChatContext, request: ChatRequest, result: ChatResult) -> bytes:
     head = {
         "id": f"chatcmpl-{result.id}",
         "object": "chat.completion.chunk",
         "created": result.created,
         "model": request.model,
     }
-    with_usage = bool(request.metadata.get("include_usage"))
+    with_usage = context.include_usage
 
     def chunk(delta: dict, finish_reason: str | None = None) -> bytes:
         data = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
@@ -313,12 +323,12 @@ def _stream(request: ChatRequest, result: ChatResult) -> bytes:
 
     out = [chunk({"role": "assistant", "content": ""})]
     if result.reasoning and result.reasoning.text:
-        out += [chunk(_reasoning_fields(p)) for p in pieces(result.reasoning.text)]
-    out += [chunk({"content": p}) for p in pieces(result.content)]
+        out += [chunk(_reasoning_fields(p)) for p in deltas(result.reasoning.text)]
+    out += [chunk({"content": p}) for p in deltas(result.content)]
     for index, call in enumerate(result.tool_calls):
         opening = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
         out.append(chunk({"tool_calls": [opening]}))
-        out += [chunk({"tool_calls": [{"index": index, "function": {"arguments": p}}]}) for p in pieces(call.arguments)]
+        out += [chunk({"tool_calls": [{"index": index, "function": {"arguments": p}}]}) for p in deltas(call.arguments)]
     out.append(chunk({}, _finish_reason(result)))
     if with_usage:
         out.append(sse_event({**head, "choices": [], "usage": _usage(result)}))

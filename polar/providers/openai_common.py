@@ -7,13 +7,13 @@ keeping these here means the two providers cannot drift apart on them.
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Any
 
 from polar.canonical import ImagePart, Message, Thinking, ToolChoice
-from polar.errors import GatewayError, invalid, optional
+from polar.errors import GatewayError
 from polar.providers.base import HttpReply, now
+from polar.providers.fields import expect, invalid
+from polar.providers.stream import pieces
 
 # kind -> (error.type, error.code) as OpenAI's own API reports them.
 _ERROR_SHAPES: dict[str, tuple[str, str | None]] = {
@@ -30,20 +30,13 @@ _ERROR_SHAPES: dict[str, tuple[str, str | None]] = {
     "internal": ("server_error", None),
 }
 
-# Longest piece a streamed text is cut into; long runs without spaces (JSON, base64) still stream.
-_PIECE_MAX = 32
-_PIECES = re.compile(r"\s*\S+|\s+")
+# Longest streamed delta: a few tokens' worth, as OpenAI streams about a token per delta.
+_PIECE_MAX = 16
 
 
-def bare_path(path: str) -> str:
-    """The path without a query string (Azure adds `?api-version=`) or trailing slash."""
-    return path.split("?", 1)[0].rstrip("/")
-
-
-def error_reply(error: GatewayError) -> HttpReply:
+def error_body(error: GatewayError) -> dict[str, Any]:
     etype, code = _ERROR_SHAPES.get(error.kind, ("server_error", None))
-    body = {"error": {"message": error.message, "type": etype, "param": error.param, "code": code}}
-    return HttpReply.json(body, status=error.status)
+    return {"error": {"message": error.message, "type": etype, "param": error.param, "code": code}}
 
 
 def models_reply(models: list[str]) -> HttpReply:
@@ -52,49 +45,14 @@ def models_reply(models: list[str]) -> HttpReply:
     return HttpReply.json({"object": "list", "data": data})
 
 
-def pieces(text: str) -> list[str]:
-    """Cut text into word-sized stream deltas whose concatenation is exactly `text`."""
-    out: list[str] = []
-    for word in _PIECES.findall(text):
-        out.extend(word[i : i + _PIECE_MAX] for i in range(0, len(word), _PIECE_MAX))
-    return out
-
-
-def obj(value: Any, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise invalid(f"'{where}' must be a JSON object", where)
-    return value
-
-
-def array(value: Any, where: str) -> list:
-    if not isinstance(value, list):
-        raise invalid(f"'{where}' must be an array", where)
-    return value
-
-
-def string(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise invalid(f"'{where}' must be a string", where)
-    return value
-
-
-def number(body: dict, key: str, where: str = "") -> float | None:
-    """An optional finite number (JSON allows integers too large for a float)."""
-    value = optional(body, key, (int, float), where)
-    if value is None:
-        return None
-    try:
-        value = float(value)
-    except OverflowError:
-        value = math.inf
-    if not math.isfinite(value):
-        raise invalid(f"field '{where}{key}' must be a finite number", f"{where}{key}")
-    return value
+def deltas(text: str) -> list[str]:
+    """Text cut into deltas the way both OpenAI APIs stream it."""
+    return pieces(text, _PIECE_MAX)
 
 
 def image_from_url(url: Any, where: str) -> ImagePart:
     """An image given as `data:<type>;base64,<data>` (kept inline) or as a URL to fetch."""
-    url = string(url, where)
+    url = expect(url, str, where)
     if not url.startswith("data:"):
         return ImagePart(url=url)
     header, sep, data = url[len("data:") :].partition(",")
@@ -106,7 +64,7 @@ def image_from_url(url: Any, where: str) -> ImagePart:
 
 def thinking_from_effort(effort: Any, where: str) -> Thinking:
     """OpenAI reasoning effort: "none" switches thinking off, any other level switches it on."""
-    effort = string(effort, where)
+    effort = expect(effort, str, where)
     return Thinking(enabled=effort != "none", effort=effort)
 
 
@@ -124,12 +82,12 @@ def tool_choice(value: Any, where: str = "tool_choice") -> ToolChoice:
         if value not in ("auto", "none", "required"):
             raise invalid(f"'{where}' must be one of 'auto', 'none', 'required' or an object", where)
         return ToolChoice(mode=value)
-    choice = obj(value, where)
-    kind = string(choice.get("type"), f"{where}.type")
+    choice = expect(value, dict, where)
+    kind = expect(choice.get("type"), str, f"{where}.type")
     if kind in ("function", "custom"):
         nested = choice.get(kind)
         name = nested.get("name") if isinstance(nested, dict) else choice.get("name")
-        return ToolChoice(mode="tool", name=string(name, f"{where}.name"))
+        return ToolChoice(mode="tool", name=expect(name, str, f"{where}.name"))
     if kind == "allowed_tools":
         nested = choice.get("allowed_tools")
         mode = (nested if isinstance(nested, dict) else choice).get("mode", "auto")
@@ -145,15 +103,16 @@ def json_schema_format(fmt: Any, where: str, nested: str | None = None) -> dict[
     Chat nests the schema under `json_schema` (`nested="json_schema"`); Responses' `text.format`
     holds it directly.
     """
-    fmt = obj(fmt, where)
+    fmt = expect(fmt, dict, where)
     kind = fmt.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
         return {"type": "object"}
     if kind == "json_schema":
-        holder, path = (obj(fmt.get(nested), f"{where}.{nested}"), f"{where}.{nested}") if nested else (fmt, where)
-        return obj(holder.get("schema"), f"{path}.schema")
+        path = f"{where}.{nested}" if nested else where
+        holder = expect(fmt.get(nested), dict, path) if nested else fmt
+        return expect(holder.get("schema"), dict, f"{path}.schema")
     raise invalid(f"'{where}.type' must be 'text', 'json_object' or 'json_schema'", f"{where}.type")
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from polar.capture.tokens import common_prefix_len
 from polar.trajectories.model import Lineage, PrefixBreak, Trajectory, Turn
 
 MIN_SHARED_TOKENS = 32  # token-only evidence of a continuation (rows without a canonical request)
@@ -52,18 +53,6 @@ def by_session(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
     for row in sorted(rows, key=lambda r: r["id"]):
         groups.setdefault(row["session_id"], []).append(row)
     return groups
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the common prefix, scanning in growing blocks so an early mismatch is cheap."""
-    n, start, step = min(len(a), len(b)), 0, 64
-    while start < n:
-        stop = min(n, start + step)
-        diff = np.flatnonzero(a[start:stop] != b[start:stop])
-        if len(diff):
-            return start + int(diff[0])
-        start, step = stop, step * 2
-    return n
 
 
 @dataclass
@@ -131,7 +120,7 @@ class _Open:
 
     def deepest_prefix_of(self, prompt: np.ndarray) -> int | None:
         """Index of the latest call whose sequence is a prefix of `prompt`, if any."""
-        shared = common_prefix(prompt, self.tip)
+        shared = common_prefix_len(prompt, self.tip)
         index = bisect.bisect_right(self.ends, shared) - 1
         return index if index >= 0 else None
 
@@ -193,8 +182,10 @@ class _Conversation:
         if not isinstance(canonical, dict) or not isinstance(canonical.get("messages"), list):
             return None
         messages = [m for m in canonical["messages"] if isinstance(m, dict) and m.get("role") != "system"]
-        metadata = canonical.get("metadata")
-        previous = metadata.get("previous_response_id") if isinstance(metadata, dict) else None
+        metadata = canonical.get("metadata")  # captures made before `continues` kept it in metadata
+        previous = canonical.get("continues") or (
+            metadata.get("previous_response_id") if isinstance(metadata, dict) else None
+        )
         opening = json.dumps(messages[0], sort_keys=True, ensure_ascii=False) if messages else ""
         return cls(opening, tuple(str(m.get("role")) for m in messages),
                    previous.removeprefix("resp_") if isinstance(previous, str) else None)
@@ -323,12 +314,12 @@ def _find_break(
     found = intent.predecessor(sample.row)
     if found is not None:
         earlier, evidence = found
-        shared = common_prefix(sample.prompt, earlier.seq)
+        shared = common_prefix_len(sample.prompt, earlier.seq)
         if shared == len(earlier.seq):  # it extends what it continued: a clean fork
             return None
     elif root and _Conversation.of(sample.row) is None and trajectories:
         # No canonical request to read intent from: trust only a long shared prefix with a tip.
-        shared, tip = max(((common_prefix(sample.prompt, t.tip), t) for t in reversed(trajectories)),
+        shared, tip = max(((common_prefix_len(sample.prompt, t.tip), t) for t in reversed(trajectories)),
                           key=lambda pair: pair[0])  # ties: the most recent lineage
         if shared < min_shared:
             return None

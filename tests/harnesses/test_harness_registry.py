@@ -9,7 +9,7 @@ import tomllib
 import pytest
 
 from polar.harnesses import CLIS, HARNESSES, SessionContext, Shell, get, make_harness
-from polar.providers import BY_NAME
+from polar.providers import NAMES
 
 TASK = "fix it; don't 'break' $HOME"
 REDIRECTS = ("BASE_URL", "PROXY", "API_BASE", "ENDPOINT", "baseURL", "baseUrl", "base_url", "openai_base_url", "proxy")
@@ -18,7 +18,7 @@ REDIRECTS = ("BASE_URL", "PROXY", "API_BASE", "ENDPOINT", "baseURL", "baseUrl", 
 @pytest.mark.parametrize("harness", CLIS, ids=lambda h: h.name)
 def test_cli_shortcut_is_pinned_and_headless(harness):
     assert harness.package and harness.version.count(".") == 2 and harness.version[0].isdigit()
-    assert harness.provider in BY_NAME
+    assert harness.provider in NAMES
     argv = harness.command(TASK)
     assert argv.count(TASK) == 1  # one argument, never re-split by a shell
     assert harness.model in argv

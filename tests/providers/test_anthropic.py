@@ -30,12 +30,18 @@ from polar.canonical import (
     Usage,
 )
 from polar.errors import ErrorKind, GatewayError
-from polar.providers.anthropic import SKIPPED_TOOLS_KEY, THINKING_DISPLAY_KEY, AnthropicMessages
-from polar.providers.base import HttpReply, Route
-from polar.providers.reasoning_seal import seal, sign, unseal, verify
+from polar.providers.anthropic import AnthropicContext, AnthropicMessages
+from polar.providers.base import HttpReply, Parsed, Route
+from polar.providers.stream import pieces
+from tests.providers.support import PROVIDERS, SEALER
 from tests.support.fuzz import json_values, paths, replace
 
-PROVIDER = AnthropicMessages()
+PROVIDER: AnthropicMessages = PROVIDERS.by_name["anthropic"]
+seal, sign, unseal, verify = SEALER.seal, SEALER.sign, SEALER.unseal, SEALER.verify
+
+
+def parse(body: Any) -> ChatRequest:
+    return PROVIDER.parse(Route(PROVIDER, "generate"), body).request
 MODEL = "claude-sonnet-test"
 FIXTURE = Path(__file__).resolve().parents[2].parent / "shared/reference/wire/anthropic_stream_thinking_fixture.sse"
 
@@ -50,6 +56,7 @@ class AnthropicGateway:
         self.input_tokens = input_tokens
         self.routes: list[Route] = []
         self.requests: list[ChatRequest] = []
+        self.parsed: list[Parsed[AnthropicContext]] = []
         self.bodies: list[dict] = []
 
     def handle(self, request: httpx2.Request) -> httpx2.Response:
@@ -66,14 +73,16 @@ class AnthropicGateway:
         try:
             body = json.loads(content)
             self.bodies.append(body)
-            request = PROVIDER.parse(route, body)
+            parsed = PROVIDER.parse(route, body)
+            request = parsed.request
+            self.parsed.append(parsed)
             self.requests.append(request)
             if route.endpoint == "count_tokens":
                 return PROVIDER.render_count(route, self.input_tokens)
             outcome = self.answer(request)
             if isinstance(outcome, GatewayError):
                 raise outcome
-            return PROVIDER.render(route, request, outcome)
+            return PROVIDER.render(route, parsed.context, request, outcome)
         except GatewayError as error:
             return PROVIDER.render_error(error)
 
@@ -247,7 +256,7 @@ def test_streamed_raw_events(name: str) -> None:
         if block["type"] == "text":
             assert opened[0].content_block.text == ""
             assert "".join(d.text for d in deltas) == block["text"]
-            assert len(deltas) == -(-len(block["text"]) // 64)
+            assert [d.text for d in deltas] == pieces(block["text"], 64)  # word-sized, at most 64 chars
         elif block["type"] == "tool_use":
             assert opened[0].content_block.input == {} and opened[0].content_block.id == block["id"]
             assert deltas[0].partial_json == "" and all(d.type == "input_json_delta" for d in deltas)
@@ -284,15 +293,18 @@ def _event_shape(sse: str) -> list[str]:
 
 @pytest.mark.skipif(not FIXTURE.exists(), reason="shared reference fixtures are not present")
 def test_stream_event_order_matches_fixture() -> None:
-    request = PROVIDER.parse(Route(PROVIDER, "generate"), create_kwargs(stream=True))
-    reply = PROVIDER.render(Route(PROVIDER, "generate"), request, result(LONG_TEXT, reasoning=THOUGHT))
+    parsed = PROVIDER.parse(Route(PROVIDER, "generate"), create_kwargs(stream=True))
+    reply = PROVIDER.render(
+        Route(PROVIDER, "generate"), parsed.context, parsed.request, result(LONG_TEXT, reasoning=THOUGHT)
+    )
     assert reply.headers["content-type"].startswith("text/event-stream")
     assert _event_shape(reply.body.decode()) == _event_shape(FIXTURE.read_text())
 
 
 def test_stream_has_no_done_marker_and_thinking_ends_with_signature() -> None:
-    request = PROVIDER.parse(Route(PROVIDER, "generate"), create_kwargs(stream=True))
-    body = PROVIDER.render(Route(PROVIDER, "generate"), request, result("hi", reasoning="hmm")).body.decode()
+    parsed = PROVIDER.parse(Route(PROVIDER, "generate"), create_kwargs(stream=True))
+    body = PROVIDER.render(Route(PROVIDER, "generate"), parsed.context, parsed.request, result("hi", reasoning="hmm"))
+    body = body.body.decode()
     assert "[DONE]" not in body
     assert _event_shape(body)[3:6] == [
         "content_block_delta:thinking_delta",
@@ -524,7 +536,7 @@ def _assistant(*content: Any) -> dict:
 )
 def test_invalid_bodies_name_the_field(body: Any, named: str) -> None:
     with pytest.raises(GatewayError) as caught:
-        PROVIDER.parse(Route(PROVIDER, "generate"), body)
+        parse(body)
     assert caught.value.kind == "invalid_request"
     assert named in caught.value.message
 
@@ -583,7 +595,10 @@ def test_tools_choice_and_server_tools() -> None:
     request = gateway.requests[0]
     assert [(t.name, t.description) for t in request.tools] == [("get_weather", "Weather for a city"), ("noop", None)]
     assert request.tools[0].parameters == WEATHER_TOOL["input_schema"]
-    assert request.metadata[SKIPPED_TOOLS_KEY] == ["web_search", "bash"]
+    assert gateway.parsed[0].rewrites == [
+        "server tool not offered to the model: web_search",
+        "server tool not offered to the model: bash",
+    ]
     assert (request.tool_choice.mode, request.parallel_tool_calls) == ("required", False)
 
 
@@ -598,7 +613,7 @@ def test_tools_choice_and_server_tools() -> None:
     ],
 )
 def test_tool_choice(choice: dict, mode: str, name: str | None, parallel: bool | None) -> None:
-    request = PROVIDER.parse(Route(PROVIDER, "generate"), _with(tool_choice=choice))
+    request = parse(_with(tool_choice=choice))
     assert (request.tool_choice.mode, request.tool_choice.name, request.parallel_tool_calls) == (mode, name, parallel)
 
 
@@ -612,16 +627,16 @@ def test_tool_choice(choice: dict, mode: str, name: str | None, parallel: bool |
     ],
 )
 def test_thinking_config(thinking: dict | None, enabled: bool | None, budget: int | None) -> None:
-    request = PROVIDER.parse(Route(PROVIDER, "generate"), _with(thinking=thinking if thinking else ...))
+    request = parse(_with(thinking=thinking if thinking else ...))
     assert (request.thinking.enabled, request.thinking.budget_tokens) == (enabled, budget)
 
 
 def test_output_config_effort_and_schema_are_read_leniently() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
     config = {"effort": "high", "format": {"type": "json_schema", "schema": schema}}
-    request = PROVIDER.parse(Route(PROVIDER, "generate"), _with(output_config=config))
+    request = parse(_with(output_config=config))
     assert (request.thinking.effort, request.response_schema) == ("high", schema)
-    odd = PROVIDER.parse(Route(PROVIDER, "generate"), _with(output_config={"effort": 3, "format": "json"}))
+    odd = parse(_with(output_config={"effort": 3, "format": "json"}))
     assert (odd.thinking.effort, odd.response_schema) == (None, None)
 
 
@@ -722,7 +737,7 @@ def test_omitted_thinking_display_seals_the_text_into_the_signature() -> None:
     thinking = {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}
     with client.messages.stream(model=MODEL, max_tokens=2048, messages=USER_HI, thinking=thinking) as stream:
         turn = stream.get_final_message()
-    assert gateway.requests[0].metadata[THINKING_DISPLAY_KEY] == "omitted"
+    assert gateway.parsed[0].context == AnthropicContext(thinking_display="omitted")
     block = turn.content[0]
     assert block.type == "thinking" and block.thinking == "" and unseal(block.signature) == THOUGHT
 
@@ -745,7 +760,7 @@ def test_server_tool_blocks_in_history_are_dropped() -> None:
             },
         ]
     )
-    messages = PROVIDER.parse(Route(PROVIDER, "generate"), body).messages
+    messages = parse(body).messages
     assert messages[1] == Message(role="assistant", content=[TextPart(text="Found it.")])
 
 
@@ -756,7 +771,7 @@ def test_documents_become_text() -> None:
         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBER"}},
         {"type": "search_result", "source": "s", "title": "t", "content": [{"type": "text", "text": "hit"}]},
     )
-    texts = [p.text for p in PROVIDER.parse(Route(PROVIDER, "generate"), body).messages[0].content]
+    texts = [p.text for p in parse(body).messages[0].content]
     assert texts[:2] == ["plain notes", "inner"] and texts[3] == "hit"
     assert "application/pdf" in texts[2] and "omitted" in texts[2]
 
@@ -789,7 +804,7 @@ RICH = {
 
 def _parse_cleanly(body: Any) -> None:
     try:
-        PROVIDER.parse(Route(PROVIDER, "generate"), body)
+        parse(body)
     except GatewayError as error:
         assert error.kind == "invalid_request" and error.message
 
@@ -822,10 +837,10 @@ def test_claude_codes_billing_line_is_not_part_of_the_prompt(shape: str) -> None
             return [{"type": "text", "text": f"{line}\n{prompt}"}]
         return f"{line}\n{prompt}"
 
-    first, second = (PROVIDER.parse(Route(PROVIDER, "generate"), _with(system=system(n))) for n in (1, 2))
+    first, second = (parse(_with(system=system(n))) for n in (1, 2))
     assert first.messages == second.messages
     assert first.messages[0].role == "system"
     assert [p.text for p in first.messages[0].content] == [prompt]
     # Elsewhere the same words are the user's own text, kept as sent.
-    kept = PROVIDER.parse(Route(PROVIDER, "generate"), _user({"type": "text", "text": BILLING.format(3)}))
+    kept = parse(_user({"type": "text", "text": BILLING.format(3)}))
     assert kept.messages[0].content[0].text == BILLING.format(3)

@@ -21,13 +21,23 @@ from google.genai import errors, types
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polar.canonical import ChatRequest, ChatResult, ImagePart, Reasoning, TextPart, ToolCall, Usage
+from polar.canonical import (
+    ChatRequest,
+    ChatResult,
+    ImagePart,
+    Reasoning,
+    TextPart,
+    ToolCall,
+    Usage,
+)
 from polar.errors import GatewayError
-from polar.providers.gemini import GeminiGenerate
-from polar.providers.reasoning_seal import seal
+from polar.providers.gemini import GeminiContext, GeminiGenerate
+from polar.providers.gemini.parse import CodeAssist
+from tests.providers.support import PROVIDERS, SEALER
 from tests.support.fuzz import json_values
 
-provider = GeminiGenerate()
+provider: GeminiGenerate = PROVIDERS.by_name["gemini"]
+seal = SEALER.seal
 MODEL = "gemini-2.5-flash"
 
 TEXT = ChatResult(
@@ -98,14 +108,14 @@ class Backend:
                 raise GatewayError("not_found", f"no route for {request.method} {path}")
             else:
                 self.bodies.append(json.loads(request.content))
-                canonical = provider.parse(route, self.bodies[-1])
-                self.requests.append(canonical)
+                parsed = provider.parse(route, self.bodies[-1])
+                self.requests.append(parsed.request)
                 if self.error is not None:
                     raise self.error
                 if route.endpoint == "count_tokens":
                     reply = provider.render_count(route, 7)
                 else:
-                    reply = provider.render(route, canonical, self.result)
+                    reply = provider.render(route, parsed.context, parsed.request, self.result)
         except GatewayError as exc:
             reply = provider.render_error(exc)
         return httpx.Response(reply.status, content=reply.body, headers=reply.headers)
@@ -352,8 +362,8 @@ def test_no_match(method, path):
 
 def test_stream_without_alt_sse_is_a_json_array():
     route = provider.match("POST", "/v1beta/models/m:streamGenerateContent", {}, {})
-    request = provider.parse(route, {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
-    reply = provider.render(route, request, PARALLEL)
+    parsed = provider.parse(route, {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+    reply = provider.render(route, parsed.context, parsed.request, PARALLEL)
     assert reply.headers["content-type"] == "application/json"
     chunks = json.loads(reply.body)
     assert [c["candidates"][0].get("finishReason") for c in chunks] == [None, "STOP"]
@@ -428,10 +438,11 @@ CODE_ASSIST_BODY = {
 @pytest.mark.parametrize("result", [TEXT, CALL, PARALLEL, THOUGHT], ids=["text", "call", "parallel", "thought"])
 def test_code_assist_stream(result):
     route = provider.match("POST", "/v1internal:streamGenerateContent", {"alt": "sse"}, {})
-    request = provider.parse(route, CODE_ASSIST_BODY)
+    parsed = provider.parse(route, CODE_ASSIST_BODY)
+    request = parsed.request
     assert request.model == "gemini-2.5-pro" and request.stream
-    envelope = {"project": "proj-123", "user_prompt_id": "prompt-9", "session_id": "sess-1"}
-    assert request.metadata["code_assist"] == envelope
+    envelope = CodeAssist(project="proj-123", user_prompt_id="prompt-9", session_id="sess-1")
+    assert parsed.context == GeminiContext(include_thoughts=True, code_assist=envelope)
     assert [(m.role, m.text()) for m in request.messages] == [
         ("system", "You are a CLI agent."),
         ("user", "list files"),
@@ -439,7 +450,7 @@ def test_code_assist_stream(result):
     assert request.tools[0].parameters == {"type": "object", "properties": {"dir_path": {"type": "string"}}}
     assert (request.thinking.enabled, request.thinking.budget_tokens) == (True, 8192)
 
-    reply = provider.render(route, request, result)
+    reply = provider.render(route, parsed.context, request, result)
     assert reply.headers["content-type"].startswith("text/event-stream")
     envelopes = sse_chunks(reply.body)
     assert all(set(e) == {"response", "traceId"} and e["traceId"] == result.id for e in envelopes)
@@ -451,7 +462,8 @@ def test_code_assist_stream(result):
 
 def test_code_assist_generate_and_count():
     route = provider.match("POST", "/v1internal:generateContent", {}, {})
-    reply = provider.render(route, provider.parse(route, CODE_ASSIST_BODY), TEXT)
+    parsed = provider.parse(route, CODE_ASSIST_BODY)
+    reply = provider.render(route, parsed.context, parsed.request, TEXT)
     body = json.loads(reply.body)
     assert body["traceId"] == TEXT.id
     assert body["response"]["candidates"][0]["content"] == {"role": "model", "parts": [{"text": TEXT.content}]}
@@ -459,16 +471,16 @@ def test_code_assist_generate_and_count():
     route = provider.match("POST", "/v1internal:countTokens", {}, {})
     contents = [{"role": "user", "parts": [{"text": "x"}]}]
     count_body = {"request": {"model": "models/gemini-2.5-flash", "contents": contents}}
-    assert provider.parse(route, count_body).model == "gemini-2.5-flash"
+    assert provider.parse(route, count_body).request.model == "gemini-2.5-flash"
     assert json.loads(provider.render_count(route, 3).body)["totalTokens"] == 3
 
 
 def test_empty_answer_still_finishes():
     """An empty no-tool answer is not padded with text: the CLI will retry it, but the stream is well-formed."""
     route = provider.match("POST", "/v1beta/models/m:streamGenerateContent", {"alt": "sse"}, {})
-    request = provider.parse(route, {"contents": [{"parts": [{"text": "hi"}]}]})
+    parsed = provider.parse(route, {"contents": [{"parts": [{"text": "hi"}]}]})
     empty = ChatResult(id="e", model="m", created=0, finish_reason="length", usage=Usage(prompt_tokens=3))
-    (chunk,) = sse_chunks(provider.render(route, request, empty).body)
+    (chunk,) = sse_chunks(provider.render(route, parsed.context, parsed.request, empty).body)
     assert chunk["candidates"][0] == {"content": {"role": "model"}, "finishReason": "MAX_TOKENS", "index": 0}
     with pytest.raises(ValueError, match="NO_RESPONSE_TEXT"):
         gemini_cli_check([chunk])
@@ -478,7 +490,7 @@ def test_empty_answer_still_finishes():
 
 
 def parse(body: dict, path: str = "/v1beta/models/m:generateContent") -> ChatRequest:
-    return provider.parse(provider.match("POST", path, {}, {}), body)
+    return provider.parse(provider.match("POST", path, {}, {}), body).request
 
 
 def test_history_with_ids():
@@ -505,7 +517,7 @@ def test_history_with_ids():
             ]
         }
     )
-    user, assistant, tool_b, tool_a, follow_up = request.messages
+    _user, assistant, tool_b, tool_a, follow_up = request.messages
     assert assistant.text() == "Reading."
     assert [(c.id, c.name, json.loads(c.arguments)) for c in assistant.tool_calls] == [
         ("c1", "read_file", {"path": "a"}),

@@ -16,15 +16,30 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, Reasoning, TextPart, ToolCall, Usage
+from polar.canonical import (
+    ChatRequest,
+    ChatResult,
+    ImagePart,
+    Message,
+    Reasoning,
+    TextPart,
+    ToolCall,
+    Usage,
+)
 from polar.errors import GatewayError
-from polar.providers.openai_chat import OpenAIChat
-from polar.providers.openai_common import pieces
+from polar.providers.base import Parsed
+from polar.providers.openai_chat import ChatContext, OpenAIChat
+from polar.providers.openai_common import deltas
+from tests.providers.support import PROVIDERS
 from tests.support.fuzz import json_values
 
-PROVIDER = OpenAIChat()
+PROVIDER: OpenAIChat = PROVIDERS.by_name["openai_chat"]
 ROUTE = PROVIDER.match("POST", "/v1/chat/completions", {}, {})
 USAGE = Usage(prompt_tokens=21, completion_tokens=9, cached_tokens=4, reasoning_tokens=3)
+
+
+def parse(body) -> ChatRequest:
+    return PROVIDER.parse(ROUTE, body).request
 
 
 def result(**fields) -> ChatResult:
@@ -38,6 +53,7 @@ class FakeGateway:
         self.answer = answer or result(content="Hello there, world.")
         self.error = error
         self.requests: list[ChatRequest] = []
+        self.parsed: list[Parsed[ChatContext]] = []
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         if request.method == "GET" and request.url.path == "/v1/models":
@@ -47,10 +63,11 @@ class FakeGateway:
         assert route is not None and route.endpoint == "generate"
         try:
             parsed = PROVIDER.parse(route, json.loads(request.content))
-            self.requests.append(parsed)
+            self.parsed.append(parsed)
+            self.requests.append(parsed.request)
             if self.error is not None:
                 raise self.error
-            reply = PROVIDER.render(route, parsed, self.answer)
+            reply = PROVIDER.render(route, parsed.context, parsed.request, self.answer)
         except GatewayError as error:
             reply = PROVIDER.render_error(error)
         return httpx.Response(reply.status, content=reply.body, headers=reply.headers)
@@ -211,14 +228,22 @@ def test_reasoning_answer_and_effort():
     ],
 )
 def test_thinking_switches(body, enabled, effort):
-    request = PROVIDER.parse(ROUTE, {"model": "m", "messages": [{"role": "user", "content": "x"}], **body})
+    request = parse({"model": "m", "messages": [{"role": "user", "content": "x"}], **body})
     assert (request.thinking.enabled, request.thinking.effort) == (enabled, effort)
+
+
+def test_template_kwargs_other_than_enable_thinking_are_reported_as_ignored():
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    kwargs = {"enable_thinking": True, "reasoning_budget": 9, "add_vision_id": True}
+    parsed = PROVIDER.parse(ROUTE, {**body, "chat_template_kwargs": kwargs})
+    assert parsed.request.thinking.enabled is True
+    assert parsed.rewrites == ["chat_template_kwargs ignored: add_vision_id, reasoning_budget"]
+    assert PROVIDER.parse(ROUTE, {**body, "chat_template_kwargs": {"enable_thinking": False}}).rewrites == []
 
 
 def test_response_format_json_schema():
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
-    request = PROVIDER.parse(
-        None,
+    request = parse(
         {
             "model": "m",
             "messages": [{"role": "user", "content": "x"}],
@@ -229,9 +254,7 @@ def test_response_format_json_schema():
         },
     )
     assert request.response_schema == schema
-    plain = PROVIDER.parse(
-        ROUTE, {"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}}
-    )
+    plain = parse({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}})
     assert plain.response_schema is None
 
 
@@ -244,7 +267,7 @@ def test_stream_chunks_with_usage():
         model="m", messages=[{"role": "user", "content": "Hi"}], stream=True, stream_options={"include_usage": True}
     )
     chunks = list(stream)
-    assert gateway.requests[0].stream and gateway.requests[0].metadata["include_usage"] is True
+    assert gateway.requests[0].stream and gateway.parsed[0].context == ChatContext(include_usage=True)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert {c.id for c in chunks} == {"chatcmpl-c0ffee"}
     body = [c for c in chunks if c.choices]
@@ -487,7 +510,7 @@ def _body(**fields) -> dict:
 )
 def test_invalid_requests_name_the_field(body, field):
     with pytest.raises(GatewayError) as caught:
-        PROVIDER.parse(ROUTE, body)
+        parse(body)
     assert caught.value.kind == "invalid_request"
     assert field in caught.value.message
 
@@ -527,14 +550,14 @@ MESSAGE = st.fixed_dictionaries(
 )
 def test_any_body_parses_or_fails_cleanly(body):
     try:
-        assert isinstance(PROVIDER.parse(ROUTE, body), ChatRequest)
+        assert isinstance(parse(body), ChatRequest)
     except GatewayError as error:
         assert error.kind == "invalid_request" and error.message
 
 
 @given(st.text())
 def test_stream_pieces_rebuild_the_text(text):
-    cut = pieces(text)
+    cut = deltas(text)
     assert "".join(cut) == text and all(cut) and all(len(p) <= 32 for p in cut)
 
 

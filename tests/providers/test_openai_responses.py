@@ -15,16 +15,31 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, Reasoning, TextPart, ToolCall, Usage
+from polar.canonical import (
+    ChatRequest,
+    ChatResult,
+    ImagePart,
+    Message,
+    Reasoning,
+    TextPart,
+    ToolCall,
+    Usage,
+)
 from polar.errors import GatewayError
-from polar.providers.openai_responses import OpenAIResponses
-from polar.providers.reasoning_seal import seal
+from polar.providers.base import Parsed
+from polar.providers.openai_responses import OpenAIResponses, ResponsesContext
+from tests.providers.support import PROVIDERS, SEALER
 from tests.support.fuzz import json_values
 
-PROVIDER = OpenAIResponses()
+PROVIDER: OpenAIResponses = PROVIDERS.by_name["openai_responses"]
+seal = SEALER.seal
 GENERATE = PROVIDER.match("POST", "/v1/responses", {}, {})
 USAGE = Usage(prompt_tokens=120, completion_tokens=30, cached_tokens=64, reasoning_tokens=12)
 ENCRYPTED = ["reasoning.encrypted_content"]
+
+
+def parse(body) -> ChatRequest:
+    return PROVIDER.parse(GENERATE, body).request
 
 
 def result(**fields) -> ChatResult:
@@ -39,6 +54,7 @@ class FakeGateway:
         self.error = error
         self.input_tokens = input_tokens
         self.requests: list[ChatRequest] = []
+        self.parsed: list[Parsed[ResponsesContext]] = []
         self.bodies: list[bytes] = []
 
     def handle(self, request: httpx.Request) -> httpx.Response:
@@ -46,13 +62,14 @@ class FakeGateway:
         assert route is not None
         try:
             parsed = PROVIDER.parse(route, json.loads(request.content))
-            self.requests.append(parsed)
+            self.parsed.append(parsed)
+            self.requests.append(parsed.request)
             if self.error is not None:
                 raise self.error
             if route.endpoint == "count_tokens":
                 reply = PROVIDER.render_count(route, self.input_tokens)
             else:
-                reply = PROVIDER.render(route, parsed, self.answer)
+                reply = PROVIDER.render(route, parsed.context, parsed.request, self.answer)
         except GatewayError as error:
             reply = PROVIDER.render_error(error)
         self.bodies.append(reply.body)
@@ -211,7 +228,7 @@ def test_reasoning_item_with_encrypted_content():
     assert response.reasoning.effort == "high"
     request = gateway.requests[0]
     assert (request.thinking.enabled, request.thinking.effort) == (True, "high")
-    assert request.metadata["include"] == ENCRYPTED
+    assert gateway.parsed[0].context.include == tuple(ENCRYPTED)
 
 
 def test_no_encrypted_content_unless_included():
@@ -247,7 +264,7 @@ def test_custom_tool_round_trip():
     tool = gateway.requests[0].tools[1]
     assert tool.name == "apply_patch" and tool.parameters["required"] == ["input"]
     assert PATCH_TOOL["format"]["definition"] in tool.parameters["properties"]["input"]["description"]
-    assert gateway.requests[0].metadata["custom_tools"] == ["apply_patch"]
+    assert gateway.parsed[0].context.custom_tools == {"apply_patch"}
 
 
 def test_input_tokens_count():
@@ -504,13 +521,16 @@ def test_parallel_calls_custom_tools_and_rich_outputs_merge_per_turn():
         Message(role="tool", tool_call_id="call_sh", name="local_shell", content=[TextPart(text="a.txt")]),
     ]
     assert [t.name for t in request.tools] == ["shell", "apply_patch"]
-    assert request.metadata["ignored_tools"] == ["web_search", "local_shell"]
-    assert request.metadata["ignored_items"] == ["web_search_call"]
+    assert gateway.parsed[0].rewrites == [
+        "hosted tool not offered to the model: web_search",
+        "hosted tool not offered to the model: local_shell",
+        "input item skipped: web_search_call",
+    ]
 
 
 def test_reasoning_sources():
     def parse_reasoning(item: dict) -> list[Reasoning]:
-        request = PROVIDER.parse(GENERATE, {"model": "m", "input": [{"type": "reasoning", **item}]})
+        request = parse({"model": "m", "input": [{"type": "reasoning", **item}]})
         return request.messages[0].reasoning
 
     sealed = seal("inner thoughts")
@@ -522,7 +542,7 @@ def test_reasoning_sources():
     assert parse_reasoning({"summary": [], "encrypted_content": "gAAAA-openai-blob"}) == [
         Reasoning(text="gAAAA-openai-blob", redacted=True)
     ]
-    assert PROVIDER.parse(GENERATE, {"model": "m", "input": [{"type": "reasoning", "summary": []}]}).messages == []
+    assert parse({"model": "m", "input": [{"type": "reasoning", "summary": []}]}).messages == []
 
 
 def test_assistant_text_after_calls_starts_a_new_message():
@@ -531,7 +551,7 @@ def test_assistant_text_after_calls_starts_a_new_message():
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "late"}]},
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "again"}]},
     ]
-    messages = PROVIDER.parse(GENERATE, {"model": "m", "input": items}).messages
+    messages = parse({"model": "m", "input": items}).messages
     assert [(m.role, m.text(), m.reasoning_text(), len(m.tool_calls)) for m in messages] == [
         ("assistant", "", "", 1),
         ("assistant", "late", "", 0),
@@ -539,10 +559,9 @@ def test_assistant_text_after_calls_starts_a_new_message():
     ]
 
 
-def test_settings_reach_metadata_and_schema():
+def test_settings_reach_the_request_and_schema():
     schema = {"type": "object", "properties": {"answer": {"type": "string"}}}
-    request = PROVIDER.parse(
-        GENERATE,
+    request = parse(
         {
             "model": "m",
             "previous_response_id": "resp_abc",
@@ -551,7 +570,7 @@ def test_settings_reach_metadata_and_schema():
             "stream": True,
         },
     )
-    assert request.metadata["previous_response_id"] == "resp_abc"
+    assert request.continues == "resp_abc"
     assert request.messages == []  # history comes from the capture store
     assert request.response_schema == schema
     assert (request.thinking.enabled, request.thinking.effort) == (False, "none")
@@ -597,7 +616,7 @@ def _body(**fields) -> dict:
 )
 def test_invalid_requests_name_the_field(body, field):
     with pytest.raises(GatewayError) as caught:
-        PROVIDER.parse(GENERATE, body)
+        parse(body)
     assert caught.value.kind == "invalid_request"
     assert field in caught.value.message
 
@@ -651,6 +670,6 @@ ITEM = st.fixed_dictionaries(
 )
 def test_any_body_parses_or_fails_cleanly(body):
     try:
-        assert isinstance(PROVIDER.parse(GENERATE, body), ChatRequest)
+        assert isinstance(parse(body), ChatRequest)
     except GatewayError as error:
         assert error.kind == "invalid_request" and error.message

@@ -9,11 +9,29 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polar.canonical import ChatRequest, ChatResult, Message, Reasoning, TextPart, ToolCall, Usage
-from polar.providers import BY_NAME
+from polar.canonical import (
+    ChatRequest,
+    ChatResult,
+    Message,
+    Reasoning,
+    TextPart,
+    ToolCall,
+    Usage,
+)
 from polar.providers.base import Route
+from polar.providers.gemini import GeminiContext
+from tests.providers.support import PROVIDERS
+
+BY_NAME = PROVIDERS.by_name
 
 REQUEST = ChatRequest(model="m", messages=[Message(role="user", content=[TextPart(text="hi")])], stream=True)
+# The smallest request of each format, for the render context its parse gives.
+BODIES = {
+    "anthropic": {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]},
+    "openai_chat": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    "openai_responses": {"model": "m", "input": "hi"},
+    "gemini": {"contents": [{"parts": [{"text": "hi"}]}]},
+}
 
 json_value = st.recursive(
     st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=20),
@@ -104,9 +122,10 @@ def _route(provider: str) -> Route:
 @given(result=results(), provider=st.sampled_from(["anthropic", "openai_chat", "openai_responses", "gemini"]))
 def test_streams_carry_the_result_exactly(result, provider):
     request = REQUEST
+    context = BY_NAME[provider].parse(_route(provider), BODIES[provider]).context
     if provider == "gemini":  # thoughts are shown only when the client asked to include them
-        request = REQUEST.model_copy(update={"metadata": {"gemini": {"include_thoughts": True}}})
-    reply = BY_NAME[provider].render(_route(provider), request, result)
+        context = GeminiContext(include_thoughts=True)
+    reply = BY_NAME[provider].render(_route(provider), context, request, result)
     assert reply.status == 200
     text, reasoning, calls = accumulate(provider, events(reply.body))
     assert text == result.content
@@ -117,5 +136,5 @@ def test_streams_carry_the_result_exactly(result, provider):
     plain = request.model_copy(update={"stream": False})
     route = (BY_NAME["gemini"].match("POST", "/v1beta/models/m:generateContent", {}, {})
              if provider == "gemini" else _route(provider))
-    reply = BY_NAME[provider].render(route, plain, result)
+    reply = BY_NAME[provider].render(route, context, plain, result)
     assert reply.status == 200 and isinstance(json.loads(reply.body), dict)

@@ -45,12 +45,13 @@ class Recorder:
         result: dict | None = None,
         provider: str = "test",
         no_logprobs: bool = False,
+        continues: str | None = None,
     ) -> int:
         state = self._sessions.setdefault(session, SessionState())
         if logprobs is None and not no_logprobs:
             logprobs = [-0.25 - i / 100 for i in range(len(completion))]
         tokens = TokenRecord(prompt, completion, logprobs, state.lineage(prompt))
-        end = self._end("ok", messages, metadata, state, finish_reason=finish, prompt_mode=mode, policy_version=policy,
+        end = self._end("ok", messages, metadata, state, continues=continues, finish_reason=finish, prompt_mode=mode, policy_version=policy,
                         model="test-model", tokens=tokens, result=json.dumps(result) if result else None)
         row_id = self._write(session, end, provider)
         ids = np.asarray([*prompt, *completion], dtype="<u4")
@@ -70,11 +71,12 @@ class Recorder:
     def rows(self) -> list[dict]:
         return list(self.reader.calls())
 
-    def _end(self, status, messages, metadata, state, **fields) -> CallEnd:
+    def _end(self, status, messages, metadata, state, continues=None, **fields) -> CallEnd:
         end = CallEnd(status=status, http_status=200 if status == "ok" else 502, response_body=b"", t_end=time.time(),
                       **fields)
         if messages is not None:
-            end.canonical = {"model": "test-model", "messages": messages, **({"metadata": metadata} if metadata else {})}
+            end.canonical = {"model": "test-model", "messages": messages, **({"metadata": metadata} if metadata else {}),
+                             **({"continues": continues} if continues else {})}
             end.message_refs, end.new_messages = encode_messages(messages, state.messages)
             state.messages = list(zip(messages, end.message_refs))
         return end

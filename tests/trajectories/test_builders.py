@@ -173,11 +173,13 @@ def test_break_evidence_without_canonical_needs_a_long_shared_prefix(recorder):
     assert c.prefix_break.position == len(p1) and c.turns[0].row_id == r3
 
 
-def test_previous_response_id_is_evidence_of_continuation(recorder):
+@pytest.mark.parametrize("stored_as", ["continues", "metadata"])  # metadata: captures made before `continues`
+def test_previous_response_id_is_evidence_of_continuation(recorder, stored_as):
     r1 = recorder.call("s", SYSTEM + [1], [11, 2], conversation("t", 0))
     # Only the new messages travel with previous_response_id; the prompt was rebuilt differently.
-    r2 = recorder.call("s", SYSTEM + [1, 3], [21, 2], [{"role": "tool", "content": [{"text": "out"}]}],
-                       metadata={"previous_response_id": f"resp_c{r1:04d}"})
+    previous = f"resp_c{r1:04d}"
+    where = {"continues": previous} if stored_as == "continues" else {"metadata": {"previous_response_id": previous}}
+    r2 = recorder.call("s", SYSTEM + [1, 3], [21, 2], [{"role": "tool", "content": [{"text": "out"}]}], **where)
     _, second = prefix_merge(recorder.rows())
     assert second.prefix_break.evidence == "previous_response_id" and second.prefix_break.earlier_row_id == r1
     assert second.prefix_break.position == len(SYSTEM) + 1 and second.turns[0].row_id == r2

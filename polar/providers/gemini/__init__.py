@@ -1,0 +1,137 @@
+"""Google Gemini `generateContent` / `streamGenerateContent` / `countTokens`.
+
+Two front doors speak this format: the public API (`/v1beta/models/{model}:method`, used with an
+API key by the google-genai SDKs and Gemini CLI) and Gemini CLI's "Login with Google" path, the
+Code Assist service (`/v1internal:method`), which wraps the same request in
+{"model", "project", "user_prompt_id", "request": {...}} and the same response in
+{"response": {...}, "traceId"}. Both are parsed and rendered here; `GeminiRoute.code_assist`
+remembers which envelope the client expects. `parse.py` and `config.py` read requests,
+`render.py` writes responses; `GeminiContext` carries what the second needs from the first.
+
+Field names: the real API is protobuf JSON, which accepts both lowerCamel and snake_case names,
+and the Python SDK really does send some nested objects snake_case (`thinkingConfig`
+arrives as {"include_thoughts": true, "thinking_budget": ...}); so every lookup tries both
+(`fields.proto_names`).
+
+Reasoning: Gemini CLI drops `thought: true` parts from its history and keeps only the
+`thoughtSignature` of the other parts, so the signature polar mints *carries* the reasoning
+(`Sealer.seal`) rather than just authenticating it. It is base64 of the sealed token,
+because the Python SDK types `thoughtSignature` as bytes and rejects anything that is not base64.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
+from urllib.parse import unquote
+
+from polar.canonical import ChatRequest, ChatResult
+from polar.errors import GatewayError
+from polar.providers.base import HttpReply, Parsed, Provider, Route
+from polar.providers.gemini.parse import GeminiContext, model_name, parse_request
+from polar.providers.gemini.render import answer_parts, chunks, envelope, response
+from polar.providers.stream import sse_event
+
+_PUBLIC_PATH = re.compile(
+    r"^/(?P<version>v1|v1beta|v1alpha)/(?P<model>[^:]+):(?P<method>generateContent|streamGenerateContent|countTokens)$"
+)
+_CODE_ASSIST_PATH = re.compile(r"^/v1internal:(?P<method>generateContent|streamGenerateContent|countTokens)$")
+
+# kind → (HTTP code, google.rpc status). Google's code and status always travel as a pair.
+_ERRORS: dict[str, tuple[int, str]] = {
+    "invalid_request": (400, "INVALID_ARGUMENT"),
+    "context_length": (400, "INVALID_ARGUMENT"),
+    "too_large": (400, "INVALID_ARGUMENT"),  # Google answers oversized payloads with 400, not 413
+    "authentication": (401, "UNAUTHENTICATED"),
+    "permission": (403, "PERMISSION_DENIED"),
+    "not_found": (404, "NOT_FOUND"),
+    "rate_limit": (429, "RESOURCE_EXHAUSTED"),
+    "upstream_error": (500, "INTERNAL"),
+    "internal": (500, "INTERNAL"),
+    "upstream_unavailable": (503, "UNAVAILABLE"),
+    "upstream_timeout": (504, "DEADLINE_EXCEEDED"),
+}
+
+# Nominal limits for the model listing: the interface passes model names only.
+_INPUT_TOKEN_LIMIT = 1_048_576
+_OUTPUT_TOKEN_LIMIT = 65_536
+
+
+@dataclass
+class GeminiRoute(Route):
+    code_assist: bool = False  # Gemini CLI's /v1internal envelope on request and response
+
+
+class GeminiGenerate(Provider[GeminiContext]):
+    name = "gemini"
+    statuses: ClassVar[dict[str, int]] = {kind: code for kind, (code, _) in _ERRORS.items()}
+
+    # ---- routing -------------------------------------------------------------------------
+
+    def match(self, method: str, path: str, query: dict[str, str], headers: dict[str, str]) -> Route | None:
+        if method.upper() != "POST":
+            return None
+        path = unquote(path.split("?", 1)[0])  # clients may send the colon as %3A
+        if m := _CODE_ASSIST_PATH.match(path):
+            return self._route(m["method"], None, query, code_assist=True)
+        if m := _PUBLIC_PATH.match(path):
+            return self._route(m["method"], model_name(m["model"]), query, code_assist=False)
+        return None
+
+    def _route(self, method: str, model: str | None, query: dict[str, str], code_assist: bool) -> GeminiRoute:
+        endpoint = "count_tokens" if method == "countTokens" else "generate"
+        stream = method == "streamGenerateContent"
+        return GeminiRoute(self, endpoint, model, stream, dict(query), code_assist=code_assist)
+
+    # ---- request -------------------------------------------------------------------------
+
+    def parse(self, route: Route, body: Any) -> Parsed[GeminiContext]:
+        return parse_request(route, body, self.sealer)
+
+    # ---- responses -----------------------------------------------------------------------
+
+    def render(self, route: Route, context: GeminiContext, request: ChatRequest, result: ChatResult) -> HttpReply:
+        parts = answer_parts(context, result, self.sealer, stream=bool(route.stream))
+        if not route.stream:
+            return HttpReply.json(envelope(route, result, response(request, result, parts, final=True)))
+        chunked = [envelope(route, result, c) for c in chunks(request, result, parts)]
+        if route.query.get("alt") == "sse":
+            return HttpReply.sse(b"".join(sse_event(c) for c in chunked))
+        return HttpReply.json(chunked)  # without alt=sse the API streams one JSON array
+
+    def render_count(self, route: Route, input_tokens: int) -> HttpReply:
+        details = [{"modality": "TEXT", "tokenCount": input_tokens}]
+        return HttpReply.json({"totalTokens": input_tokens, "promptTokensDetails": details})
+
+    def error_body(self, error: GatewayError, status: int) -> tuple[dict, dict[str, str]]:
+        rpc_status = _ERRORS.get(error.kind, (500, "INTERNAL"))[1]
+        message = error.message
+        if error.kind == "context_length" and "input token count" not in message:
+            message = f"The input token count exceeds the maximum number of tokens allowed. {message}"
+        # Google's code always equals the HTTP status it travels with.
+        body: dict[str, Any] = {"code": status, "message": message, "status": rpc_status}
+        if error.param and rpc_status == "INVALID_ARGUMENT":
+            body["details"] = [
+                {
+                    "@type": "type.googleapis.com/google.rpc.BadRequest",
+                    "fieldViolations": [{"field": error.param, "description": message}],
+                }
+            ]
+        return {"error": body}, {}
+
+    def render_models(self, models: list[str]) -> HttpReply:
+        listing = [
+            {
+                "name": f"models/{m}",
+                "displayName": m,
+                "supportedGenerationMethods": ["generateContent", "countTokens"],
+                "inputTokenLimit": _INPUT_TOKEN_LIMIT,
+                "outputTokenLimit": _OUTPUT_TOKEN_LIMIT,
+            }
+            for m in models
+        ]
+        return HttpReply.json({"models": listing})
+
+
+__all__ = ["GeminiContext", "GeminiGenerate", "GeminiRoute"]
