@@ -12,8 +12,33 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 CACHE = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))
+
+# The real chat templates polar supports, from ../shared/reference/templates: the test bed of the
+# token-faithful, harness and real-vLLM suites (the project's own template is only the demo's default).
+REAL_TEMPLATES = ("qwen3.5-4b", "qwen3-hybrid", "qwen3-coder")
+# Every reference template by name → file (the tokenizer tests also check the older families).
+SHARED_TEMPLATES = {name: f"{name}.jinja" for name in (*REAL_TEMPLATES, "qwen3-early", "qwen2.5")}
+
+
+def templates_dir() -> Path:
+    """../shared/reference/templates (or $POLAR_SHARED/reference/templates).
+
+    Absent, the tests that need it skip (a fresh clone has no ../shared), unless
+    POLAR_REQUIRE_TEMPLATES=1 (scripts/test, CI) makes that a failure."""
+    path = Path(os.environ.get("POLAR_SHARED") or REPO.parent / "shared") / "reference" / "templates"
+    missing = [n for n in SHARED_TEMPLATES.values() if not (path / n).is_file()]
+    if missing:
+        reason = f"{path} lacks {', '.join(missing)} (a fresh clone has no ../shared; POLAR_SHARED names another)"
+        if os.environ.get("POLAR_REQUIRE_TEMPLATES") == "1":
+            pytest.fail(f"POLAR_REQUIRE_TEMPLATES=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return path
+
+
+def real_template(name: str) -> Path:
+    """The file of one reference template, by its name in SHARED_TEMPLATES (skips or fails as templates_dir)."""
+    return templates_dir() / SHARED_TEMPLATES[name]
 
 
 @pytest.fixture(scope="session")
@@ -30,10 +55,7 @@ def tokenizer_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def shared_templates() -> Path:
-    path = SHARED / "reference" / "templates"
-    if not path.is_dir():
-        pytest.skip("../shared/reference/templates is absent (a fresh clone has none)")
-    return path
+    return templates_dir()
 
 
 @dataclass

@@ -1,0 +1,46 @@
+"""The scripted double answers the way the model behind each real template writes a turn.
+
+What the double samples after a template's generation prompt, parsed as vLLM would and rendered
+back by that template, must be exactly the sampled text: otherwise a test on a real template
+would measure the double rather than polar.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from polar.doubles.scripted_vllm import ModelFormat, Step
+from tests.conftest import REAL_TEMPLATES
+
+TOOLS = [{"type": "function", "function": {"name": "run", "description": "Run a command.", "parameters": {
+    "type": "object", "properties": {"cmd": {"type": "string"}, "timeout": {"type": "integer"}}, "required": ["cmd"]}}}]
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Run the tests — s'il vous plaît."}]
+STEPS = [
+    Step(reasoning="Run them.", content="", tool_calls=[{"name": "run", "arguments": {"cmd": "pytest -q", "timeout": 60}}]),
+    Step(reasoning="Two at once.", content="Checking both.", tool_calls=[
+        {"name": "run", "arguments": {"cmd": "ls"}}, {"name": "run", "arguments": {"cmd": "pwd", "timeout": 5}}]),
+    Step(reasoning="All good.", content="Tout va bien ✓"),
+]
+FAMILY = {"qwen3.5-4b": ("qwen3_xml", True), "qwen3-hybrid": ("qwen3", True), "qwen3-coder": ("qwen3_xml", False)}
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("step", range(len(STEPS)))
+@pytest.mark.parametrize("name", REAL_TEMPLATES)
+def test_sample_renders_back_exactly(load, name, step, thinking):
+    ct = load(name)
+    fmt = ModelFormat.for_template(ct.template_text)
+    assert (fmt.family, fmt.knows_think) == FAMILY[name]
+    prompt = ct.render(CONVERSATION, TOOLS, True, thinking)
+    sample = fmt.completion(STEPS[step], prompt)
+    reasoning, content, calls = fmt.parse(sample, prompt, TOOLS)
+    message = {"role": "assistant", "content": content,
+               "tool_calls": [{"id": f"c{i}", "type": "function", "function": c} for i, c in enumerate(calls)]}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    assert [json.loads(c["arguments"]) for c in calls] == [c["arguments"] for c in STEPS[step].tool_calls]
+    assert (reasoning == STEPS[step].reasoning) is (thinking and name != "qwen3-coder")
+    whole = ct.render([*CONVERSATION, message], TOOLS, False, thinking)
+    assert whole == prompt + sample + ct.end_of_turn + "\n"
