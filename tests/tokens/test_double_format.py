@@ -44,3 +44,30 @@ def test_sample_renders_back_exactly(load, name, step, thinking):
     assert (reasoning == STEPS[step].reasoning) is (thinking and name != "qwen3-coder")
     whole = ct.render([*CONVERSATION, message], TOOLS, False, thinking)
     assert whole == prompt + sample + ct.end_of_turn + "\n"
+
+
+def test_template_switches_at_run_time(double_server, load):
+    """POST /_double/template: prompts render with the new template and answers follow its family."""
+    import httpx
+
+    from tests.conftest import real_template
+
+    double, url = double_server
+    body = {"messages": CONVERSATION, "tools": TOOLS, "return_token_ids": True,
+            "chat_template_kwargs": {"enable_thinking": True}}
+    try:
+        switched = httpx.post(f"{url}/_double/template", json={"chat_template": str(real_template("qwen3-hybrid"))})
+        assert switched.json()["family"] == "qwen3" and switched.json()["knows_think"]
+        httpx.post(f"{url}/_double/script", json={"steps": [STEPS[0].__dict__]}).raise_for_status()
+        answer = httpx.post(f"{url}/v1/chat/completions", json=body).json()
+        ct = load("qwen3-hybrid")
+        assert answer["prompt_token_ids"] == ct.prompt_ids(CONVERSATION, TOOLS, True)
+        sampled = ct.decode(answer["choices"][0]["token_ids"])
+        assert sampled.startswith("<think>\nRun them.\n</think>\n\n<tool_call>\n{\"name\": \"run\", ")
+        message = answer["choices"][0]["message"]
+        assert message["reasoning"] == "Run them." and message["tool_calls"][0]["function"]["name"] == "run"
+        bad = httpx.post(f"{url}/_double/template", json={"chat_template": "/nonexistent/template.jinja"})
+        assert bad.status_code == 400 and "bad template" in bad.json()["error"]["message"]
+    finally:
+        httpx.post(f"{url}/_double/template", json={"chat_template": None}).raise_for_status()
+    assert httpx.get(f"{url}/_double/template").json()["family"] == "qwen3_xml"  # the tokenizer's own again
