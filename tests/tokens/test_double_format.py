@@ -52,7 +52,7 @@ def test_template_switches_at_run_time(double_server, load):
 
     from tests.conftest import real_template
 
-    double, url = double_server
+    _, url = double_server
     body = {"messages": CONVERSATION, "tools": TOOLS, "return_token_ids": True,
             "chat_template_kwargs": {"enable_thinking": True}}
     try:
