@@ -122,6 +122,7 @@ def test_shaping_a_longer_conversation_extends_the_shaped_shorter_one(load):
         shorter, _ = shape(ChatRequest(model="m", messages=full[:n]), traits)
         longer, _ = shape(ChatRequest(model="m", messages=full), traits)
         assert longer.messages[: len(shorter.messages)] == shorter.messages
+        assert shape(longer, traits) == (longer, [])  # idempotent: a shaped request needs no more rewrites
 
 
 # -- images -----------------------------------------------------------------------------------------
