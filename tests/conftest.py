@@ -12,8 +12,39 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 CACHE = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))
+
+# The real chat templates polar supports, from ../shared/reference/templates: the test bed of the
+# token-faithful, harness and real-vLLM suites (the project's own template is only the demo's default).
+REAL_TEMPLATES = ("qwen3.5-4b", "qwen3-hybrid", "qwen3-coder")
+# Every reference template by name → file (the tokenizer tests also check the older families).
+SHARED_TEMPLATES = {name: f"{name}.jinja" for name in (*REAL_TEMPLATES, "qwen3-early", "qwen2.5")}
+# What only that template writes into a prompt with tools, and how its model family writes a tool call.
+TEMPLATE_SIGNS = {
+    "qwen3.5-4b": ("If you choose to call a function ONLY reply", "<tool_call>\n<function="),
+    "qwen3-hybrid": ("For each function call, return a json object", '<tool_call>\n{"name": "'),
+    "qwen3-coder": ("If you choose to call a tool ONLY reply", "<tool_call>\n<function="),
+}
+
+
+def templates_dir() -> Path:
+    """../shared/reference/templates (or $POLAR_SHARED/reference/templates).
+
+    Absent, the tests that need it skip (a fresh clone has no ../shared), unless
+    POLAR_REQUIRE_TEMPLATES=1 (scripts/test, CI) makes that a failure."""
+    path = Path(os.environ.get("POLAR_SHARED") or REPO.parent / "shared") / "reference" / "templates"
+    missing = [n for n in SHARED_TEMPLATES.values() if not (path / n).is_file()]
+    if missing:
+        reason = f"{path} lacks {', '.join(missing)} (a fresh clone has no ../shared; POLAR_SHARED names another)"
+        if os.environ.get("POLAR_REQUIRE_TEMPLATES") == "1":
+            pytest.fail(f"POLAR_REQUIRE_TEMPLATES=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return path
+
+
+def real_template(name: str) -> Path:
+    """The file of one reference template, by its name in SHARED_TEMPLATES (skips or fails as templates_dir)."""
+    return templates_dir() / SHARED_TEMPLATES[name]
 
 
 @pytest.fixture(scope="session")
@@ -30,10 +61,7 @@ def tokenizer_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def shared_templates() -> Path:
-    path = SHARED / "reference" / "templates"
-    if not path.is_dir():
-        pytest.skip("../shared/reference/templates is absent (a fresh clone has none)")
-    return path
+    return templates_dir()
 
 
 @dataclass
@@ -46,6 +74,7 @@ class Stack:
     double: object
     proxy: object
     mode: str  # "token-faithful" | "chat-template"
+    template: str | None = None  # the REAL_TEMPLATES name it serves, None: the tokenizer's own
 
     def script(self, steps=None, rules=None) -> None:
         body = {"rules": rules} if rules is not None else {"steps": steps}
@@ -53,6 +82,20 @@ class Stack:
 
     def fault(self, **fault) -> None:
         httpx.post(f"{self.upstream_url}/_double/fault", json=fault).raise_for_status()
+
+    def use_template(self, path: Path | None) -> None:
+        """Serve and render with this chat template (None: the tokenizer's own): the double renders its
+        prompts and writes its answers with it, and an in-process token-faithful gateway is told the
+        same template through its `polar_chat_template` option (it rebuilds its gateway)."""
+        httpx.post(f"{self.upstream_url}/_double/template",
+                   json={"chat_template": str(path) if path else None}).raise_for_status()
+        if self.mode == "token-faithful":
+            import asyncio
+
+            async def update() -> None:
+                self.proxy.master.options.update(polar_chat_template=str(path or ""))
+
+            asyncio.run_coroutine_threadsafe(update(), self.proxy.master.event_loop).result(60)
 
     def store(self):
         from polar.capture.reader import CaptureReader
@@ -66,6 +109,14 @@ class Stack:
 
     def rows(self, session: str | None = None) -> list[dict]:
         return list(self.store().calls(session=session))
+
+    def assert_served_with_template(self, rows: list[dict]) -> None:
+        """The captured prompts were rendered, and the answers written, the way `self.template` does."""
+        prompt_sign, call_sign = TEMPLATE_SIGNS[self.template]
+        decode = self.double.tokenizer.decode
+        assert prompt_sign in decode(rows[0]["prompt_ids"]), self.template
+        sampled = [decode(r["completion_ids"]) for r in rows if r["finish_reason"] == "tool_calls"]
+        assert sampled and all(call_sign in text for text in sampled), (self.template, sampled[:1])
 
 
 @pytest.fixture(scope="session")
@@ -108,6 +159,17 @@ def chat_stack(double_server, tmp_path_factory):
     proxy.stop()
 
 
+@pytest.fixture(scope="module", params=REAL_TEMPLATES)
+def template_stack(request, stack):
+    """The token-faithful stack on each real template, gateway and double alike (module-scoped: tests
+    run grouped by template, one switch per group)."""
+    stack.use_template(real_template(request.param))
+    stack.template = request.param
+    yield stack
+    stack.use_template(None)
+    stack.template = None
+
+
 @pytest.fixture(params=["token-faithful", "chat-template"])
 def any_stack(request):
     """Both prompt modes: tests that must hold whichever way the prompt is built."""
@@ -118,8 +180,8 @@ def any_stack(request):
 def _reset_double(request):
     """Each test starts with no script and no fault on the shared double."""
     yield
-    if {"stack", "chat_stack", "any_stack", "double_server"} & set(request.fixturenames):
-        double, url = request.getfixturevalue("double_server")
+    if {"stack", "chat_stack", "any_stack", "template_stack", "double_server"} & set(request.fixturenames):
+        _, url = request.getfixturevalue("double_server")
         httpx.post(f"{url}/_double/script", json={"rules": []}).raise_for_status()
         httpx.post(f"{url}/_double/fault", json={"count": 0}).raise_for_status()
 

@@ -31,6 +31,7 @@ from polar.providers.base import HttpReply, Parsed, Provider, Route
 from polar.sessions.fingerprints import answer_message, message_fingerprint
 from polar.sessions.identity import Identity, SessionRegistry, redact
 from polar.sessions.state import SessionStates, SessionView, new_turn
+from polar.tokens.shaping import ANY_TEMPLATE, shape
 from polar.upstream.base import Backend
 
 log = logging.getLogger("polar.gateway")
@@ -165,6 +166,10 @@ class Gateway:
         request = parsed.request
         if request.continues:
             request = await self._continue_from(request, ident.session)
+        # As the served model's template accepts it (merged leading systems, late systems carried as
+        # the family takes them, images refused on text models), the same way on every turn.
+        request, notes = shape(request, self.backend.template_traits() or ANY_TEMPLATE)
+        state.rewrites += notes
         state.request = request
         if route.endpoint == "count_tokens":
             return route.provider.render_count(route, await self.backend.count_tokens(request))

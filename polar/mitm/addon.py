@@ -53,6 +53,7 @@ def build_backend(opts):
         model=opts.polar_upstream_model or None,
         api_key=opts.polar_upstream_key or None,
         timeout=opts.polar_upstream_timeout,
+        chat_template=opts.polar_chat_template or None,
     )
     if opts.polar_tokenizer:
         backend = token_faithful(backend, opts.polar_tokenizer, opts.polar_chat_template, opts.polar_token_endpoint)
@@ -88,7 +89,8 @@ class PolarAddon:
             "Hugging Face tokenizer dir of the served model. Set = token-faithful prompts (polar builds the prompt ids, "
             "reusing each session's sampled ids); '' = vLLM renders the chat template.",
         )
-        loader.add_option("polar_chat_template", str, "", "Jinja chat template file ('' = the tokenizer's own).")
+        loader.add_option("polar_chat_template", str, "", "Jinja chat template file of the served model ('' = the tokenizer's own). Token-faithful prompts render "
+            "with it; in both modes polar shapes messages so that this template accepts them.")
         loader.add_option(
             "polar_token_endpoint", str, "auto", "Token-in vLLM endpoint.", choices=["auto", "generate", "completions"]
         )

@@ -24,6 +24,7 @@ from typing import Any
 from polar.canonical import Message, Tool
 from polar.errors import GatewayError
 from polar.tokens.parsers import THINK_END, THINK_START, ParsedTurn, family_for_template, parse_turn
+from polar.tokens.shaping import TemplateTraits
 
 PROBE_USER = "polar probe: a user line"
 PROBE_SENTINEL = "polar-probe-7c1e9a-assistant-turn"
@@ -63,12 +64,20 @@ class _Probe:
 
 
 class ChatTemplate:
-    def __init__(self, tokenizer: Any, template_text: str | None = None, *, eos_token_ids: Sequence[int] | None = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        template_text: str | None = None,
+        *,
+        eos_token_ids: Sequence[int] | None = None,
+        name: str | None = None,
+    ):
         text = template_text if template_text is not None else tokenizer.chat_template
         if not isinstance(text, str) or not text.strip():
             raise ValueError("no chat template: the tokenizer has none (or several) and none was given")
         self.tokenizer = tokenizer
         self.template_text = text
+        self.name = name  # how rewrite notes and errors name the template (its file, or the model dir)
         self.family = family_for_template(text)
         ids = [tokenizer.eos_token_id, *(eos_token_ids or [])]
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in ids if isinstance(i, int)))
@@ -83,7 +92,12 @@ class ChatTemplate:
         path = Path(path)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         text = Path(template_path).read_text() if template_path else None
-        return cls(tokenizer, text, eos_token_ids=_generation_eos_ids(path))
+        name = Path(template_path).stem if template_path else path.name
+        return cls(tokenizer, text, eos_token_ids=_generation_eos_ids(path), name=name)
+
+    def traits(self) -> TemplateTraits:
+        """What this template accepts (probed once per template text); `shape` uses them."""
+        return TemplateTraits.of(self.template_text, self.name)
 
     # -- rendering ---------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from typing import Protocol
 
 from polar.canonical import ChatRequest, ChatResult
 from polar.sessions.state import SessionView
+from polar.tokens.shaping import TemplateTraits
 
 
 class Backend(Protocol):
@@ -17,5 +18,9 @@ class Backend(Protocol):
         ...
 
     async def count_tokens(self, request: ChatRequest) -> int: ...
+
+    def template_traits(self) -> TemplateTraits | None:
+        """What the served model's chat template accepts, when polar knows the template."""
+        ...
 
     async def aclose(self) -> None: ...

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, Reasoning, TextPart, Tool, ToolCall, Usage
 from polar.errors import GatewayError
 from polar.sessions.state import SessionView
+from polar.tokens.shaping import TemplateTraits
 from polar.upstream.http import UpstreamHTTP
 
 class VLLMChat:
@@ -25,8 +27,11 @@ class VLLMChat:
         api_key: str | None = None,
         timeout: float = 600.0,
         max_connections: int = 1024,
+        chat_template: str | None = None,
     ):
         self.base_url = base_url.rstrip("/")
+        # The template vLLM serves with, when the user told polar (`polar_chat_template`): shaping uses it.
+        self.chat_template = chat_template
         self._model = model
         self.http = UpstreamHTTP(base_url, api_key=api_key, timeout=timeout, max_connections=max_connections)
 
@@ -49,6 +54,11 @@ class VLLMChat:
             except (KeyError, IndexError, TypeError):
                 raise GatewayError("upstream_error", "the upstream's /v1/models lists no model") from None
         return self._model
+
+    def template_traits(self) -> TemplateTraits | None:
+        if not self.chat_template:
+            return None
+        return TemplateTraits.of(Path(self.chat_template).read_text(), Path(self.chat_template).stem)
 
     # -- calls -----------------------------------------------------------------------------
 

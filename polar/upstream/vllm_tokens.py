@@ -19,6 +19,7 @@ from polar.canonical import ChatRequest, ChatResult, ImagePart, Reasoning, Usage
 from polar.errors import GatewayError
 from polar.sessions.state import Extension, SessionView
 from polar.tokens.parsers import parse_turn
+from polar.tokens.shaping import TemplateTraits
 from polar.tokens.template import ChatTemplate
 from polar.upstream.vllm_chat import VLLMChat, logprobs_or_none, to_openai_messages, to_openai_tools
 
@@ -37,6 +38,9 @@ class TokenFaithful:
 
     async def model(self) -> str:
         return await self.chat.model()
+
+    def template_traits(self) -> TemplateTraits:
+        return self.template.traits()
 
     async def aclose(self) -> None:
         await self.chat.aclose()

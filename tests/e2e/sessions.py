@@ -92,13 +92,26 @@ def drive_anthropic(url: str, session: str, thinking: bool, between: Between = N
     return TURNS
 
 
-def drive_chat(url: str, session: str, thinking: bool, turns: int = TURNS, between: Between = None) -> int:
+# What Codex sends besides the task: `instructions`, developer items first, and developer items between turns.
+INSTRUCTIONS = "You are a coding agent running in a terminal. Keep going until the task is done."
+DEVELOPER_FIRST = ["<permissions instructions>sandbox: workspace-write</permissions instructions>",
+                   "<environment_context>\n  <cwd>/work/repo</cwd>\n</environment_context>"]
+DEVELOPER_LATER = "<environment_context>\n  <approval_policy>never</approval_policy>\n</environment_context>"
+LATE_TURN = 2  # the developer item arrives with the tool output of this turn
+
+
+def drive_chat(url: str, session: str, thinking: bool, turns: int = TURNS, between: Between = None, *,
+               codex_like: bool = False) -> int:
+    """`codex_like`: several system/developer messages first and a developer message mid-conversation."""
     import openai
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk", default_headers={"x-polar-session": session})
     tools = [{"type": "function", "function": t} for t in TOOLS]
     extra = {"chat_template_kwargs": {"enable_thinking": thinking}}
     messages: list[dict] = [{"role": "user", "content": TASK}]
+    if codex_like:
+        messages[:0] = [{"role": "system", "content": INSTRUCTIONS},
+                        *({"role": "developer", "content": text} for text in DEVELOPER_FIRST)]
     follow = iter(FOLLOW_UPS)
     for turn in range(turns):
         msg = client.chat.completions.create(model="gpt-5", messages=messages, tools=tools, max_tokens=MAX_TOKENS,
@@ -110,12 +123,16 @@ def drive_chat(url: str, session: str, thinking: bool, turns: int = TURNS, betwe
                                  "content": tool_output(c.function.name, json.loads(c.function.arguments))})
         else:
             messages.append({"role": "user", "content": next(follow, "Thanks.")})
+        if codex_like and turn == LATE_TURN:
+            messages.append({"role": "developer", "content": DEVELOPER_LATER})
         if between:
             between(turn)  # e.g. kill and restart the gateway between two turns
     return turns
 
 
-def drive_responses(url: str, session: str, thinking: bool, between: Between = None) -> int:
+def drive_responses(url: str, session: str, thinking: bool, turns: int = TURNS, between: Between = None, *,
+                    codex_like: bool = False) -> int:
+    """`codex_like`: as Codex sends it, `instructions`, developer items first and a developer item mid-way."""
     import openai
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk", default_headers={"x-polar-session": session})
@@ -126,8 +143,11 @@ def drive_responses(url: str, session: str, thinking: bool, between: Between = N
     else:
         kwargs.update(reasoning={"effort": "none"})
     items: list = [{"role": "user", "content": TASK}]
+    if codex_like:
+        kwargs["instructions"] = INSTRUCTIONS
+        items[:0] = [{"role": "developer", "content": text} for text in DEVELOPER_FIRST]
     follow = iter(FOLLOW_UPS)
-    for turn in range(TURNS):
+    for turn in range(turns):
         with client.responses.stream(input=items, **kwargs) as s:
             resp = s.get_final_response()
         # Codex-style: resend reasoning (encrypted_content), messages and calls as items.
@@ -138,9 +158,11 @@ def drive_responses(url: str, session: str, thinking: bool, between: Between = N
                           "output": tool_output(c.name, json.loads(c.arguments))})
         if not calls:
             items.append({"role": "user", "content": next(follow, "Thanks.")})
+        if codex_like and turn == LATE_TURN:
+            items.append({"role": "developer", "content": DEVELOPER_LATER})
         if between:
             between(turn)  # e.g. kill and restart the gateway between two turns
-    return TURNS
+    return turns
 
 
 def drive_gemini(url: str, session: str, thinking: bool, between: Between = None) -> int:

@@ -1,4 +1,5 @@
-"""Responses `previous_response_id`: polar continues from the stored call, within the same session only."""
+"""Responses `previous_response_id`: polar continues from the stored call, within the same session only
+(on each real chat template, token-faithful)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import openai
 import pytest
 
 
-def test_previous_response_id_continues_the_stored_conversation(stack):
+def test_previous_response_id_continues_the_stored_conversation(template_stack):
+    stack = template_stack
     stack.script(steps=[
         {"content": "", "tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]},
         {"content": "Sunny in Paris."},
@@ -28,6 +30,10 @@ def test_previous_response_id_continues_the_stored_conversation(stack):
     assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
     assert json.loads(messages[1]["tool_calls"][0]["arguments"]) == {"city": "Paris"}
     assert rows[1]["prompt_parent"] == rows[0]["id"]  # and its prompt extends the first call's tokens
+    assert rows[1]["prompt_mode"].startswith("token-faithful"), rows[1]["prompt_mode"]
+    full = rows[0]["prompt_ids"] + rows[0]["completion_ids"]
+    assert rows[1]["prompt_ids"][: len(full)] == full
+    stack.assert_served_with_template(rows)
 
     other = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="k", default_headers={"x-polar-session": "someone-else"})
     with pytest.raises(openai.BadRequestError, match="not found"):

@@ -2,13 +2,12 @@
 
 The same kind of session that stays token-faithful in token mode loses its prefix here wherever
 the template re-renders earlier turns differently; the drift report must say where. Qwen3.5 cuts
-earlier reasoning when a user message arrives; Qwen3 (hybrid) does too. The project's own
-template keeps the prefix, so the same session shows no break.
+earlier reasoning when a user message arrives; Qwen3 (hybrid) does too. Qwen3-Coder (which writes
+no reasoning) and the project's own template keep the prefix, so the same session shows no break.
 """
 
 from __future__ import annotations
 
-import shutil
 import uuid
 
 import pytest
@@ -17,6 +16,7 @@ from polar.doubles.scripted_vllm import BackgroundServer, ScriptedVLLM
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 from polar.trajectories.builders import prefix_merge
 from polar.trajectories.drift import drift_report
+from tests.conftest import real_template
 from tests.e2e.sessions import drive_chat
 
 STEPS = [{"reasoning": f"Thinking about request {i}.", "content": f"Answer {i}."} for i in range(6)]
@@ -24,11 +24,7 @@ STEPS = [{"reasoning": f"Thinking about request {i}.", "content": f"Answer {i}."
 
 def _stack_with_template(tokenizer_dir, template, tmp_path):
     """A double serving `template` with the real tokenizer, and polar in re-render (chat) mode."""
-    model = tmp_path / "model"
-    shutil.copytree(tokenizer_dir, model)
-    if template is not None:
-        (model / "chat_template.jinja").write_text(template.read_text())
-    double = ScriptedVLLM(model, "polar-tiny")
+    double = ScriptedVLLM(tokenizer_dir, "polar-tiny", chat_template=template)
     server = BackgroundServer(double.app)
     upstream = server.start()
     proxy = SubprocessProxy(ProxyConfig(upstream=upstream, db=str(tmp_path / "captures.db"), port=free_port()))
@@ -37,12 +33,13 @@ def _stack_with_template(tokenizer_dir, template, tmp_path):
 
 
 @pytest.mark.parametrize("template_name,expect_breaks", [
-    ("qwen3.5-4b.jinja", True),
-    ("qwen3-hybrid.jinja", True),
+    ("qwen3.5-4b", True),
+    ("qwen3-hybrid", True),
+    ("qwen3-coder", False),
     (None, False),  # the project's own template
 ])
-def test_rerender_drift_is_reported(tokenizer_dir, shared_templates, tmp_path, template_name, expect_breaks):
-    template = shared_templates / template_name if template_name else None
+def test_rerender_drift_is_reported(tokenizer_dir, tmp_path, template_name, expect_breaks):
+    template = real_template(template_name) if template_name else None
     double, server, proxy = _stack_with_template(tokenizer_dir, template, tmp_path)
     try:
         import httpx

@@ -2,7 +2,13 @@
 
 Each container reaches the providers' real host names; polar answers them transparently (no base
 URL, no proxy variable). The scripted model makes the CLI call its own shell tool with a `sed` that
-fixes the bug, then says "done". Checked: the CLI's exit code, the container's file, the captures.
+fixes the bug, then says "done". Checked: the CLI's exit code, the container's file, the captures,
+and that the session stays token-faithful after its first call.
+
+Every CLI runs on each real chat template (tests/conftest.py REAL_TEMPLATES): the gateway renders
+with it and the double answers in its model family's format. What the gateway cannot render yet
+without shaping messages is marked xfail (strict), so wiring `shape()` in turns it into a failure
+to remove the mark.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from polar.doubles.model_format import ModelFormat
 from polar.harnesses import CLIS, Harness, write_files
 from polar.runtime import SandboxSpec
+from tests.conftest import real_template
 
 pytestmark = pytest.mark.docker
 
@@ -26,6 +34,7 @@ TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
 FIX = "sed -i 's/a - b/a + b/' calc.py"
 REASONING = "The operator in add is a minus; it should be a plus."
 LEAKY = ("BASE_URL", "PROXY", "API_BASE", "ENDPOINT")  # names that would point a CLI somewhere
+# CLIs that send several system/developer messages (Codex: instructions + developer items).
 
 
 @dataclass
@@ -88,7 +97,7 @@ def run_task(transparent, image: str, harness: Harness, session: str, tmp_path: 
     return Run(harness, session, marker, done.exit_code, done.stdout + done.stderr, calc, env, seconds)
 
 
-def check(run: Run, rows: list[dict]) -> None:
+def check(run: Run, rows: list[dict], template: str | None = None) -> None:
     last = rows[-1]["request_body"][-1500:] if rows else b""
     detail = f"{run.harness.name} exit {run.exit_code} after {run.seconds:.0f}s:\n{run.output[-3000:]}\nlast request: {last!r}"
     assert run.harness.success(run.exit_code), detail
@@ -100,8 +109,14 @@ def check(run: Run, rows: list[dict]) -> None:
     assert {(r["provider"], r["status"]) for r in routed} == {(run.harness.provider, "ok")}, summary(rows)
     assert any(run.marker.encode() in r["request_body"] for r in routed)
     # The follow-up turn's history holds the tool turn's reasoning: the CLI echoed it (text, signed
-    # block or sealed blob) and polar recovered it.
-    assert REASONING in str(routed[-1]["canonical"]), summary(rows)
+    # block or sealed blob) and polar recovered it. (A model that never reasons, Qwen3-Coder, wrote none.)
+    if template is None or ModelFormat.for_template(real_template(template).read_text()).knows_think:
+        assert REASONING in str(routed[-1]["canonical"]), summary(rows)
+    # After its first call the main conversation's prompts extend the earlier prompt + sampled ids; a
+    # re-render is only the start of another conversation (a CLI's side call, e.g. opencode's title).
+    modes = [r["prompt_mode"] for r in routed]
+    assert modes[-1].startswith("token-faithful"), modes
+    assert all(m.startswith("token-faithful") or "new conversation" in m for m in modes[1:]), modes
     # Side channels a CLI GETs (Claude Code's settings and policy limits) are answered 404 and
     # not captured: every captured row is a model call.
     assert all(r["endpoint"] != "unknown" for r in rows), summary(rows)
@@ -121,21 +136,24 @@ def upstream_calls(transparent) -> int:
 
 
 @pytest.mark.parametrize("harness", CLIS, ids=lambda h: h.name)
-def test_cli_fixes_the_bug(transparent, images, harness, tmp_path):
+def test_cli_fixes_the_bug(template_stack, transparent, images, harness, tmp_path, request):
+    template = template_stack.template
     image = images(harness)
-    session = f"cli-{harness.name.replace('_', '-')}"
+    session = f"cli-{template.replace('.', '')}-{harness.name.replace('_', '-')}"
     script(transparent, [(harness, f"polar-task-{session}")])
     before = upstream_calls(transparent)
     run = run_task(transparent, image, harness, session, tmp_path)
     rows = transparent.rows(session)
-    check(run, rows)
+    check(run, rows, template)
     # Every upstream call of the run came through polar and was captured under this session.
     assert upstream_calls(transparent) - before == model_calls(rows), summary(rows)
     print(f"{harness.name} {harness.version}: {len(rows)} calls in {run.seconds:.1f}s", [r["path"] for r in rows])
 
 
-def test_eight_parallel_sessions(transparent, images, tmp_path):
-    """Eight containers at once, the CLIs mixed: each session's captures hold only its own task."""
+@pytest.mark.parametrize("template_stack", ["qwen3-hybrid"], indirect=True)
+def test_eight_parallel_sessions(template_stack, transparent, images, tmp_path):
+    """Eight containers at once, the CLIs mixed: each session's captures hold only its own task
+    (on one real template: the JSON tool-call family, which also takes Codex's several system messages)."""
     harnesses = [CLIS[i % len(CLIS)] for i in range(8)]
     sessions = [f"par-{i}-{h.name.replace('_', '-')}" for i, h in enumerate(harnesses)]
     image_of = {h.name: images(h) for h in harnesses}  # built before the clock starts

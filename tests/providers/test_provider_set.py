@@ -97,6 +97,9 @@ class _Backend:
     async def count_tokens(self, request) -> int:
         return 1
 
+    def template_traits(self):
+        return None  # unknown: only leading system messages are merged
+
 
 def test_the_gateway_records_what_the_parser_left_out(tmp_path):
     store = CaptureWriter(tmp_path / "c.db")

@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 
 from polar.tokens import ChatTemplate
-from tests.conftest import REPO
+from tests.conftest import REPO, SHARED_TEMPLATES, real_template
 
 PROJECT_TEMPLATE = REPO / "data" / "chat_templates" / "qwen3.5-xml-tools.jinja"
-# name → file in ../shared/reference/templates; "project" is data/chat_templates, always present
-SHARED_FILES = {
-    "qwen3.5-4b": "qwen3.5-4b.jinja",
-    "qwen3-hybrid": "qwen3-hybrid.jinja",
-    "qwen3-early": "qwen3-early.jinja",
-    "qwen3-coder": "qwen3-coder.jinja",
-    "qwen2.5": "qwen2.5.jinja",
-}
-TEMPLATES = ["project", *SHARED_FILES]
+# "project" is data/chat_templates (always present); the others are ../shared/reference/templates
+TEMPLATES = ["project", *SHARED_TEMPLATES]
 
 
 @pytest.fixture(scope="session")
@@ -40,8 +33,8 @@ def load(request, tokenizer, _templates):
             if name == "project":
                 text = PROJECT_TEMPLATE.read_text()
             else:
-                text = (request.getfixturevalue("shared_templates") / SHARED_FILES[name]).read_text()
-            _templates[name] = ChatTemplate(tokenizer, text)
+                text = real_template(name).read_text()
+            _templates[name] = ChatTemplate(tokenizer, text, name=name)
         return _templates[name]
 
     return get

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from polar.canonical import Tool
 from polar.tokens import PARSERS, ChatTemplate, family_for_template, parse_turn
 from polar.tokens.parsers import Qwen3JsonParser, typed_value
-from tests.tokens.conftest import PROJECT_TEMPLATE, SHARED_FILES, TEMPLATES
+from tests.conftest import SHARED_TEMPLATES
+from tests.tokens.conftest import PROJECT_TEMPLATE, TEMPLATES
 
 REASONING_RENDERED = {"project", "qwen3.5-4b", "qwen3-hybrid", "qwen3-early"}  # coder and 2.5 drop it
 
@@ -213,7 +214,7 @@ def test_no_tools_offered_means_every_call_is_unknown():
 
 
 def test_family_detection(shared_templates):
-    found = {name: family_for_template((shared_templates / f).read_text()) for name, f in SHARED_FILES.items()}
+    found = {name: family_for_template((shared_templates / f).read_text()) for name, f in SHARED_TEMPLATES.items()}
     assert found == {"qwen3.5-4b": "qwen3_xml", "qwen3-hybrid": "qwen3", "qwen3-early": "qwen3",
                      "qwen3-coder": "qwen3_xml", "qwen2.5": "qwen3"}
     assert family_for_template(PROJECT_TEMPLATE.read_text()) == "qwen3_xml"
@@ -240,19 +241,23 @@ def test_a_new_family_is_a_subclass_and_a_registry_entry(monkeypatch):
     assert turn.content == "Ok" and turn.tool_calls[0].arguments == '{"cmd": "ls"}'
 
 
-def test_agrees_with_the_scripted_vllm_double():
-    """The test double renders Qwen3.5 output its own way; the real parser reads it the same."""
-    from polar.doubles.scripted_vllm import Step, parse_completion, render_completion
+@pytest.mark.parametrize("family", ["qwen3_xml", "qwen3"])
+@pytest.mark.parametrize("prompt_tail", ["<think>\n", "</think>\n\n", "<|im_start|>assistant\n"])
+def test_agrees_with_the_scripted_vllm_double(family, prompt_tail):
+    """The test double writes each family's output its own way; the real parser reads it the same."""
+    from polar.doubles.scripted_vllm import ModelFormat, Step
 
     step = Step(reasoning="Look first.", content="Ça va.", tool_calls=[
         {"name": "edit", "arguments": {"path": "é.txt", "count": 2, "opts": {"k": [1]}}},
         {"name": "bash", "arguments": {"cmd": "ls"}}])
-    for thinking in (True, False):
-        text = render_completion(step, thinking)
-        reasoning, content, calls = parse_completion(text, thinking, TOOLS)
-        turn = parse_turn(text, "qwen3_xml", think_open=thinking, finish_reason="stop", tools=TOOLS)
-        assert (turn.reasoning, turn.content) == (reasoning, content)
-        assert [(c.name, c.arguments) for c in turn.tool_calls] == [(c["name"], c["arguments"]) for c in calls]
+    fmt = ModelFormat(family, knows_think=True)
+    text = fmt.completion(step, prompt_tail)
+    reasoning, content, calls = fmt.parse(text, prompt_tail, TOOLS)
+    turn = parse_turn(text, family, think_open=prompt_tail == "<think>\n", finish_reason="stop", tools=TOOLS)
+    assert (turn.reasoning, turn.content) == (reasoning, content) and not turn.malformed
+    assert (reasoning is None) is (prompt_tail == "</think>\n\n")
+    assert [(c.name, c.arguments) for c in turn.tool_calls] == [(c["name"], c["arguments"]) for c in calls]
+    assert [c.name for c in turn.tool_calls] == ["edit", "bash"]
 
 
 # -- property tests: never raise on noise, exact round trips on well-formed output -------------------------

@@ -1,0 +1,166 @@
+"""Messages the served model's own chat template accepts, and a note for every rewrite.
+
+Harnesses send what their provider takes: Codex sends `instructions` plus several `developer`
+items (all system messages once normalised, see polar/canonical.py), and more developer items between
+turns; any client may send an image. The real templates differ in what they
+take, so `TemplateTraits` finds out by rendering small probe conversations with the template
+itself (never by its name), once per template text:
+
+| template     | several leading systems | a system after the start  | developer role   | images                |
+|--------------|-------------------------|---------------------------|------------------|-----------------------|
+| Qwen3.5-4B   | raises "System message must be at the beginning" | raises (same) | raises | vision tokens |
+| Qwen3 hybrid | renders each            | renders it in place       | dropped silently | content dropped silently |
+| Qwen3 early  | renders each            | renders it in place       | dropped silently | raises                |
+| Qwen3-Coder  | renders each            | renders it in place       | renders it       | raises                |
+| Qwen2.5      | renders each            | renders it in place       | dropped silently | raises                |
+
+("dropped silently" is why a probe counts a message as taken only when its text shows.)
+
+`shape` then rewrites a canonical request, the same way for every call of a session:
+
+- Leading system messages (instructions, system, developer) merge into one system message, texts
+  joined by a blank line, on every template: Qwen3.5 takes no other form, the Qwen models are
+  trained with one system turn, and the tool catalogue the templates write into the first system
+  turn then sits with all the instructions.
+- A system message later in the conversation stays a system message where the template renders
+  it in place (Qwen3 hybrid, Qwen3-Coder, Qwen2.5: `<|im_start|>system` mid-conversation is what
+  vLLM would render too). Where the template refuses it (Qwen3.5: "System message must be at the
+  beginning"), it becomes a user message wrapped in `<system>…</system>`, so the model still sees
+  it as an instruction and not as the user's words. It is never merged into a neighbouring user
+  message: that would rewrite an earlier message when the next one arrives and break the
+  token-faithful prefix.
+- Images on a template that renders none (or raises on them) are a 400 `invalid_request`: polar
+  will not drop what the client sent. Images in a system message are refused everywhere.
+
+Every rewrite depends only on the message itself and whether a non-system message came before it,
+so shaping a longer conversation extends the shaped shorter one: token faithfulness is unaffected.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from polar.canonical import ChatRequest, ImagePart, Message, TextPart
+from polar.errors import GatewayError
+
+LATE_SYSTEM_OPEN, LATE_SYSTEM_CLOSE = "<system>\n", "\n</system>"
+_S = "polar-shape-probe-"  # sentinels: a probe counts a message as rendered only if its text shows
+
+
+@dataclass(frozen=True)
+class TemplateTraits:
+    """What a chat template accepts, measured by rendering probe conversations with it."""
+
+    system_at_start: bool  # a system message first is rendered
+    several_systems: bool  # two leading system messages are both rendered
+    late_system: bool  # a system message after an exchange is rendered in place
+    developer_role: bool  # a "developer" message is rendered (polar sends none: canonical has none)
+    images: bool  # an image part is rendered (something written for it, the text beside it kept)
+    tool_role: bool  # a tool message is rendered
+    late_system_error: str | None = None  # what the template says when it refuses a late system message
+    label: str = "the chat template"  # names the template in rewrite notes
+
+    @classmethod
+    def of(cls, template_text: str, label: str | None = None) -> TemplateTraits:
+        """The traits of this template text (probed once per text, then cached)."""
+        return cls(**_probe(template_text), label=label or "the chat template")
+
+
+# When polar does not know the served template (chat mode without `polar_chat_template`): only the
+# rewrite every template takes — leading system messages merged — and the rest left to vLLM's answer.
+ANY_TEMPLATE = TemplateTraits(system_at_start=True, several_systems=True, late_system=True, developer_role=True,
+                              images=True, tool_role=True, label="the served model's template")
+
+
+def shape(request: ChatRequest, traits: TemplateTraits) -> tuple[ChatRequest, list[str]]:
+    """The request as the template accepts it, and one human-readable line per rewrite.
+
+    Pure: `request` is not modified. Raises GatewayError("invalid_request") for content the
+    template cannot take (images on a text-only template, images in a system message).
+    """
+    notes: list[str] = []
+    _check_images(request.messages, traits)
+    lead = 0
+    while lead < len(request.messages) and request.messages[lead].role == "system":
+        lead += 1
+    messages: list[Message] = []
+    if lead >= 2:
+        texts = [m.text() for m in request.messages[:lead]]
+        messages.append(Message(role="system", content=[TextPart(text="\n\n".join(t for t in texts if t))]))
+        notes.append(f"merged {lead} leading system/developer messages into one system message")
+    else:
+        messages.extend(request.messages[:lead])
+    for at, msg in enumerate(request.messages[lead:], start=lead):
+        if msg.role == "system" and not traits.late_system:
+            text = LATE_SYSTEM_OPEN + msg.text() + LATE_SYSTEM_CLOSE
+            messages.append(Message(role="user", content=[TextPart(text=text)]))
+            why = f" ({traits.late_system_error})" if traits.late_system_error else ""
+            notes.append(f"system message at position {at} carried as a user message in <system> tags: "
+                         f"{traits.label} refuses a system message after the start{why}")
+        elif msg.role == "tool" and not traits.tool_role:
+            raise GatewayError("invalid_request", f"messages[{at}] is a tool result, but {traits.label} has no tool role",
+                               param=f"messages[{at}]")
+        else:
+            messages.append(msg)
+    if not notes:
+        return request, notes
+    return request.model_copy(update={"messages": messages}), notes
+
+
+def _check_images(messages: list[Message], traits: TemplateTraits) -> None:
+    for at, msg in enumerate(messages):
+        if not any(isinstance(p, ImagePart) for p in msg.content):
+            continue
+        if msg.role == "system":
+            raise GatewayError("invalid_request", f"messages[{at}] is a system message holding an image; "
+                               "images belong in user messages", param=f"messages[{at}]")
+        if not traits.images:
+            raise GatewayError("invalid_request", f"messages[{at}] holds an image, but the served model's chat "
+                               f"template ({traits.label}) takes text only", param=f"messages[{at}]")
+
+
+# -- probing -------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def _probe(text: str) -> dict[str, Any]:
+    user = {"role": "user", "content": _S + "user"}
+    exchange = [user, {"role": "assistant", "content": _S + "assistant"}]
+    late, late_error = _renders(text, [*exchange, _sys("late"), {"role": "user", "content": _S + "again"}], "late")
+    image = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,"}}, {"type": "text", "text": _S + "pic"}]
+    with_image, _ = _render(text, [{"role": "user", "content": image}])
+    text_only, _ = _render(text, [{"role": "user", "content": [image[1]]}])
+    call = {"type": "function", "function": {"name": "probe", "arguments": {}}, "id": "probe-1"}
+    tool_turn = [user, {"role": "assistant", "content": "", "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": "probe-1", "content": _S + "tool"}]
+    return {
+        "system_at_start": _renders(text, [_sys("first"), user], "first")[0],
+        "several_systems": _renders(text, [_sys("one"), _sys("two"), user], "one", "two")[0],
+        "late_system": late,
+        "late_system_error": late_error,
+        "developer_role": _renders(text, [{"role": "developer", "content": _S + "dev"}, user], "dev")[0],
+        "images": bool(with_image) and _S + "pic" in with_image and with_image != text_only,
+        "tool_role": _renders(text, tool_turn, "tool")[0],
+    }
+
+
+def _sys(name: str) -> dict[str, str]:
+    return {"role": "system", "content": _S + name}
+
+
+def _renders(text: str, messages: list[dict], *names: str) -> tuple[bool, str | None]:
+    """(every named sentinel shows in the rendering, the template's error if it raised)."""
+    out, error = _render(text, messages)
+    return out is not None and all(_S + n in out for n in names), error
+
+
+def _render(text: str, messages: list[dict]) -> tuple[str | None, str | None]:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    try:
+        rendered, _ = render_jinja_template(conversations=[messages], chat_template=text, add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 - raise_exception(), TypeError on list content, undefined attributes
+        return None, str(exc) or type(exc).__name__
+    return rendered[0], None

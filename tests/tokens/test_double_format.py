@@ -1,0 +1,73 @@
+"""The scripted double answers the way the model behind each real template writes a turn.
+
+What the double samples after a template's generation prompt, parsed as vLLM would and rendered
+back by that template, must be exactly the sampled text: otherwise a test on a real template
+would measure the double rather than polar.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from polar.doubles.scripted_vllm import ModelFormat, Step
+from tests.conftest import REAL_TEMPLATES
+
+TOOLS = [{"type": "function", "function": {"name": "run", "description": "Run a command.", "parameters": {
+    "type": "object", "properties": {"cmd": {"type": "string"}, "timeout": {"type": "integer"}}, "required": ["cmd"]}}}]
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Run the tests — s'il vous plaît."}]
+STEPS = [
+    Step(reasoning="Run them.", content="", tool_calls=[{"name": "run", "arguments": {"cmd": "pytest -q", "timeout": 60}}]),
+    Step(reasoning="Two at once.", content="Checking both.", tool_calls=[
+        {"name": "run", "arguments": {"cmd": "ls"}}, {"name": "run", "arguments": {"cmd": "pwd", "timeout": 5}}]),
+    Step(reasoning="All good.", content="Tout va bien ✓"),
+]
+FAMILY = {"qwen3.5-4b": ("qwen3_xml", True), "qwen3-hybrid": ("qwen3", True), "qwen3-coder": ("qwen3_xml", False)}
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("step", range(len(STEPS)))
+@pytest.mark.parametrize("name", REAL_TEMPLATES)
+def test_sample_renders_back_exactly(load, name, step, thinking):
+    ct = load(name)
+    fmt = ModelFormat.for_template(ct.template_text)
+    assert (fmt.family, fmt.knows_think) == FAMILY[name]
+    prompt = ct.render(CONVERSATION, TOOLS, True, thinking)
+    sample = fmt.completion(STEPS[step], prompt)
+    reasoning, content, calls = fmt.parse(sample, prompt, TOOLS)
+    message = {"role": "assistant", "content": content,
+               "tool_calls": [{"id": f"c{i}", "type": "function", "function": c} for i, c in enumerate(calls)]}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    assert [json.loads(c["arguments"]) for c in calls] == [c["arguments"] for c in STEPS[step].tool_calls]
+    assert (reasoning == STEPS[step].reasoning) is (thinking and name != "qwen3-coder")
+    whole = ct.render([*CONVERSATION, message], TOOLS, False, thinking)
+    assert whole == prompt + sample + ct.end_of_turn + "\n"
+
+
+def test_template_switches_at_run_time(double_server, load):
+    """POST /_double/template: prompts render with the new template and answers follow its family."""
+    import httpx
+
+    from tests.conftest import real_template
+
+    _, url = double_server
+    body = {"messages": CONVERSATION, "tools": TOOLS, "return_token_ids": True,
+            "chat_template_kwargs": {"enable_thinking": True}}
+    try:
+        switched = httpx.post(f"{url}/_double/template", json={"chat_template": str(real_template("qwen3-hybrid"))})
+        assert switched.json()["family"] == "qwen3" and switched.json()["knows_think"]
+        httpx.post(f"{url}/_double/script", json={"steps": [STEPS[0].__dict__]}).raise_for_status()
+        answer = httpx.post(f"{url}/v1/chat/completions", json=body).json()
+        ct = load("qwen3-hybrid")
+        assert answer["prompt_token_ids"] == ct.prompt_ids(CONVERSATION, TOOLS, True)
+        sampled = ct.decode(answer["choices"][0]["token_ids"])
+        assert sampled.startswith("<think>\nRun them.\n</think>\n\n<tool_call>\n{\"name\": \"run\", ")
+        message = answer["choices"][0]["message"]
+        assert message["reasoning"] == "Run them." and message["tool_calls"][0]["function"]["name"] == "run"
+        bad = httpx.post(f"{url}/_double/template", json={"chat_template": "/nonexistent/template.jinja"})
+        assert bad.status_code == 400 and "bad template" in bad.json()["error"]["message"]
+    finally:
+        httpx.post(f"{url}/_double/template", json={"chat_template": None}).raise_for_status()
+    assert httpx.get(f"{url}/_double/template").json()["family"] == "qwen3_xml"  # the tokenizer's own again
