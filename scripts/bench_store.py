@@ -42,10 +42,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_tokens as tokens  # noqa: E402  (puts the repository on sys.path too)
 from bench_proxy import loadavg  # noqa: E402
+
 from polar.capture.writer import CaptureWriter  # noqa: E402
 from polar.sessions.state import SessionState  # noqa: E402
 from polar.tokens import ChatTemplate  # noqa: E402
-
 
 # -- one synthetic session, made ready to replay ----------------------------------------------------
 

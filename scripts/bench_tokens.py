@@ -51,11 +51,11 @@ from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messag
 from polar.capture.writer import CaptureWriter  # noqa: E402
 from polar.providers.openai_chat import ChatContext, OpenAIChat  # noqa: E402
 from polar.providers.reasoning_seal import Sealer  # noqa: E402
-from polar.tokens import ChatTemplate  # noqa: E402
 from polar.sessions.fingerprints import message_fingerprint, request_context_key  # noqa: E402
 from polar.sessions.state import SessionState, Turn  # noqa: E402
+from polar.tokens import ChatTemplate  # noqa: E402
+from polar.tokens.messages import to_openai_messages  # noqa: E402
 from polar.trajectories import per_request, prefix_merge  # noqa: E402
-from polar.upstream.vllm_chat import to_openai_messages  # noqa: E402
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers loads: no max-length warnings
 CACHE = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))

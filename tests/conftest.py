@@ -226,7 +226,7 @@ def main_job(docker_ready, tokenizer_dir, tmp_path_factory) -> MainJobRun:
     (this test process may already hold the shared `stack` one)."""
     workdir = tmp_path_factory.mktemp("main-job")
     harness, samples = "claude_code", 2  # the default of `polar demo`, and the fastest CLI to start
-    argv = [sys.executable, "-m", "polar.cli.demo", "--harness", harness, "--samples", str(samples),
+    argv = [sys.executable, "-m", "polar.cli", "demo", "--harness", harness, "--samples", str(samples),
             "--workdir", str(workdir), "--tokenizer", str(tokenizer_dir)]
     done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "COLUMNS": "160"})

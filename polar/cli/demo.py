@@ -34,7 +34,7 @@ from polar.reporting.table import captures_table
 from polar.rollout.tasks import Named, SessionResult, TaskSpec, load_tasks
 from polar.trajectories.builders import prefix_merge
 
-TASKS = Path(__file__).resolve().parents[1] / "data" / "tasks" / "tasks.jsonl"
+TASKS = Path(__file__).resolve().parents[2] / "data" / "tasks" / "tasks.jsonl"
 WORKDIR = "/work"  # where sessions find the repository (polar.rollout.session.WORKDIR)
 REASONING = "The failing behaviour comes from one line; a single edit fixes it."
 DONE_REASONING = "The edit is in place; nothing else to change."
@@ -313,7 +313,3 @@ def demo(workdir, tokenizer_dir, harness, runtime, samples, tasks_path, sdk_tour
     unsolved = [r.session_id for r in job.results if r.reward != 1.0]
     if unsolved:
         raise click.ClickException(f"{len(unsolved)} sessions not solved: {', '.join(unsolved)}")
-
-
-if __name__ == "__main__":  # `python -m polar.cli.demo` (scripts/demo, tests)
-    demo()

@@ -25,7 +25,7 @@ from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, TextPar
 from polar.datasets.select import IDENTITY_COLUMNS, Candidate
 from polar.datasets.source import SourceError
 from polar.sessions.fingerprints import message_fingerprint
-from polar.upstream.vllm_chat import to_openai_messages, to_openai_tools
+from polar.tokens.messages import to_openai_messages, to_openai_tools
 
 _TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
                         ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])

@@ -39,12 +39,11 @@ GATEWAY_OPTIONS = {"polar_max_body", "polar_model_aliases"}
 
 
 def token_faithful(chat: VLLMChat, tokenizer_dir: str, template_path: str, endpoint: str):
-    from polar.tokens.parsers import family_for_template
     from polar.tokens.template import ChatTemplate
     from polar.upstream.vllm_tokens import TokenFaithful
 
     template = ChatTemplate.from_dir(tokenizer_dir, template_path or None)
-    return TokenFaithful(chat, template, family_for_template(template.template_text), endpoint)
+    return TokenFaithful(chat, template, endpoint)
 
 
 def build_backend(opts):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+
 from polar.canonical import ChatRequest, ChatResult, Message, TextPart, ToolCall
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from polar.canonical import Message, Tool
 from polar.errors import GatewayError
+from polar.tokens.messages import to_openai_messages, to_openai_tools
 from polar.tokens.parsers import THINK_END, THINK_START, ParsedTurn, family_for_template, parse_turn
 from polar.tokens.shaping import TemplateTraits
 
@@ -253,8 +254,6 @@ class ChatTemplate:
 
 def openai_messages(messages: Sequence[Message | dict[str, Any]]) -> list[dict[str, Any]]:
     """Canonical messages or OpenAI chat dicts → what the template sees (tool-call arguments as objects)."""
-    from polar.upstream.vllm_chat import to_openai_messages  # here: the vLLM backends will import this module
-
     out: list[dict[str, Any]] = []
     for i, msg in enumerate(messages):
         if isinstance(msg, Message):
@@ -268,8 +267,6 @@ def openai_messages(messages: Sequence[Message | dict[str, Any]]) -> list[dict[s
 
 def openai_tools(tools: Sequence[Tool | dict[str, Any]] | None) -> list[dict[str, Any]]:
     """Canonical tools or OpenAI tool dicts → the dicts vLLM passes to templates (same shape as its chat body)."""
-    from polar.upstream.vllm_chat import to_openai_tools
-
     return [to_openai_tools([tool])[0] if isinstance(tool, Tool) else tool for tool in tools or []]
 
 

@@ -4,7 +4,7 @@ When a request extends an earlier turn of its session, the prompt is that turn's
 its sampled ids + the template's rendering of only the new messages, so no sampled token is
 ever re-encoded. Otherwise the whole conversation is rendered with the model's chat template
 and the capture records why the prefix could not be kept. The sampled ids are decoded and
-parsed here (reasoning, content, tool calls) by the model family's parser.
+parsed here (reasoning, content, tool calls) by the template's model family parser (ChatTemplate.parse).
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ import logging
 import time
 from typing import Any
 
-
 from polar.canonical import ChatRequest, ChatResult, ImagePart, Reasoning, Usage
 from polar.errors import GatewayError
 from polar.sessions.state import Extension, SessionView
-from polar.tokens.parsers import parse_turn
+from polar.tokens.messages import to_openai_messages, to_openai_tools
 from polar.tokens.shaping import TemplateTraits
 from polar.tokens.template import ChatTemplate
-from polar.upstream.vllm_chat import VLLMChat, logprobs_or_none, to_openai_messages, to_openai_tools
+from polar.upstream.vllm_chat import VLLMChat, logprobs_or_none
 
 log = logging.getLogger("polar.tokens")
 
@@ -29,10 +28,9 @@ log = logging.getLogger("polar.tokens")
 class TokenFaithful:
     """A gateway backend: token-faithful prompts, token-id calls to vLLM, local output parsing."""
 
-    def __init__(self, chat: VLLMChat, template: ChatTemplate, family: str, endpoint: str = "auto"):
+    def __init__(self, chat: VLLMChat, template: ChatTemplate, endpoint: str = "auto"):
         self.chat = chat  # model name, /tokenize, the HTTP client, and the image fallback
         self.template = template
-        self.family = family
         self.endpoint = endpoint  # auto | generate | completions
         self._max_model_len: int | None = None
 
@@ -131,17 +129,12 @@ class TokenFaithful:
     def _result(self, request, call_id, prompt_ids, sampled, logprobs, finish, stop_reason, version) -> ChatResult:
         eos = self.template.eos_token_ids
         body = sampled[:-1] if sampled and sampled[-1] in eos else sampled
-        text = self.template.tokenizer.decode(body, skip_special_tokens=False)
+        text = self.template.decode(body)
         stop_sequence = stop_reason if isinstance(stop_reason, str) and stop_reason in request.sampling.stop else None
         if stop_sequence and stop_sequence in text:
             text = text[: text.index(stop_sequence)]
-        parsed = parse_turn(
-            text,
-            self.family,
-            think_open=self.template.generation_prompt_opens_think(request.thinking.enabled),
-            finish_reason=finish,
-            tools=self._tools(request) or [],
-        )
+        parsed = self.template.parse(text, enable_thinking=request.thinking.enabled, finish_reason=finish,
+                                     tools=self._tools(request) or [])
         if finish == "length":
             reason = "length"
         elif parsed.tool_calls:

@@ -71,10 +71,7 @@ def test_the_main_job_ran_token_faithful_on_the_project_template(main_job, token
     # the tokenizer dir's own template, which scripts/build_tiny_model.py copies from the project's file
     assert ChatTemplate.from_dir(tokenizer_dir).template_text == PROJECT_TEMPLATE.read_text()
     store = CaptureReader(main_job.captures)
-    try:
-        modes = {row["prompt_mode"].split(":")[0] for row in store.calls(with_tokens=False) if row["prompt_len"]}
-    finally:
-        store.close()
+    modes = {row["prompt_mode"].split(":")[0] for row in store.calls(with_tokens=False) if row["prompt_len"]}
     assert modes <= {"re-render", "token-faithful"}  # polar rendered every prompt, vLLM (the double) only sampled
 
 
@@ -110,10 +107,7 @@ def test_every_trajectory_exports_and_loads(exported, results, tmp_path):
 def test_token_rows_are_the_captured_tokens(main_job, exported, tokenizer, tmp_path):
     out, _ = exported
     store = CaptureReader(main_job.captures)
-    try:
-        calls = {row["call_id"]: row for row in store.calls()}
-    finally:
-        store.close()
+    calls = {row["call_id"]: row for row in store.calls()}
     ds = load(out, "tokens", "jsonl", tmp_path)
     parquet = load(out, "tokens", "parquet", tmp_path)
     for split in SPLITS:

@@ -5,7 +5,7 @@ A harness that names another session — by the `x-polar-session` header or a `/
 is refused in its own provider's error shape, and the refusal is recorded in its *own* session.
 Reading: a bound client's conversation that repeats another session's history word for word does
 not inherit that session's tokens (prompt parents stay in the session), and a `previous_response_id`
-of another session is not found. The registry's rules alone: tests/unit/test_sessions.py.
+of another session is not found. The registry's rules alone: tests/sessions/test_identity.py.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ import uuid
 
 import pytest
 
-
 pytestmark = pytest.mark.vllm
 
 PROVIDERS = ["anthropic", "openai_chat", "openai_responses", "gemini"]

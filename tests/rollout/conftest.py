@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from polar.mitm.transparent import ca_cert_path
 from polar.rollout.node import GatewayNode, NodeConfig
 from polar.rollout.session import NodeEnv, SessionPhases
 from polar.rollout.tasks import SessionResult, SessionSpec, TaskSpec
 from polar.runtime.local import LocalRuntime
-from polar.mitm.transparent import ca_cert_path
 
 TASKS = Path(__file__).resolve().parents[2] / "data" / "tasks"
 

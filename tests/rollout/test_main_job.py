@@ -37,15 +37,12 @@ def test_main_job_scores_every_session(main_job):
     steps = {t.id: len(scripted_rule(t, get(harness))["steps"]) for t in tasks}
     markers = {t.id: t.metadata["scripted"]["marker"].encode() for t in tasks}
     store = CaptureReader(main_job.captures)
-    try:
-        for r in results:
-            rows = [row for row in store.calls(session=r.session_id, with_tokens=False)
-                    if row["endpoint"] not in ("unknown", "count_tokens", "models")]
-            assert len(rows) == steps[r.task_id], [(row["path"], row["status"]) for row in rows]
-            assert {(row["provider"], row["status"]) for row in rows} == {(get(harness).provider, "ok")}
-            assert all(markers[r.task_id] in row["request_body"] for row in rows)
-    finally:
-        store.close()
+    for r in results:
+        rows = [row for row in store.calls(session=r.session_id, with_tokens=False)
+                if row["endpoint"] not in ("unknown", "count_tokens", "models")]
+        assert len(rows) == steps[r.task_id], [(row["path"], row["status"]) for row in rows]
+        assert {(row["provider"], row["status"]) for row in rows} == {(get(harness).provider, "ok")}
+        assert all(markers[r.task_id] in row["request_body"] for row in rows)
 
     assert "main job: scored trajectories" in output
     for t in tasks:

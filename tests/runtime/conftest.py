@@ -48,8 +48,8 @@ class Transparent:
 def transparent(docker_client, stack):
     """One proxy per process (mitmproxy's context is global), so the session's proxy gains listeners
     on the runtime's gateway IP rather than a second proxy starting."""
-    from polar.runtime.docker_runtime import DockerRuntime
     from polar.mitm.transparent import add_listeners, ca_cert_path, remove_listeners, transparent_modes
+    from polar.runtime.docker_runtime import DockerRuntime
 
     runtime = DockerRuntime(client=docker_client, addresses=stack.proxy.addon.gateway.registry)
     modes = transparent_modes(runtime.gateway_ip)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from polar.mitm.transparent import PROVIDER_HOSTS, ensure_ca
 from polar.runtime import Mount, Resources, RuntimeUnavailable, SandboxSpec
 from polar.runtime.apptainer_runtime import (
     CA_IN_SANDBOX,
@@ -21,7 +22,6 @@ from polar.runtime.apptainer_runtime import (
     write_sandbox_files,
 )
 from polar.sessions.identity import SessionRegistry
-from polar.mitm.transparent import PROVIDER_HOSTS, ensure_ca
 
 # A STAND-IN for the Apptainer CLI, used only because the real one cannot be installed here: it
 # records every call (arguments separated by \x1f) and answers the way `apptainer` does.

@@ -299,10 +299,7 @@ def _rows(captures: Path) -> list[dict]:
     from polar.capture.reader import CaptureReader
 
     store = CaptureReader(captures)
-    try:
-        return list(store.calls())
-    finally:
-        store.close()
+    return list(store.calls())
 
 
 def _calls_per_session(captures: Path) -> dict[str, int]:
