@@ -29,7 +29,7 @@ from polar.upstream.vllm_chat import VLLMChat
 
 log = logging.getLogger("polar.addon")
 
-WRITER_OPTIONS = {"polar_db", "polar_db_sync"}
+WRITER_OPTIONS = {"polar_db", "polar_db_sync", "polar_db_busy_timeout"}
 BACKEND_OPTIONS = {
     "polar_upstream", "polar_upstream_model", "polar_upstream_key", "polar_upstream_timeout",
     "polar_tokenizer", "polar_chat_template", "polar_token_endpoint",
@@ -81,6 +81,10 @@ class PolarAddon:
         loader.add_option(
             "polar_db_sync", str, "FULL", "SQLite synchronous mode for captures.", choices=["FULL", "NORMAL"]
         )
+        loader.add_option(
+            "polar_db_busy_timeout", int, 30,
+            "Seconds a capture write waits for another process's lock on the database before the call fails.",
+        )
         loader.add_option("polar_max_body", int, 64 * 1024 * 1024, "Largest request body accepted, in bytes.")
         loader.add_option("polar_model_aliases", Sequence[str], [], "Extra model names listed on GET …/models.")
         loader.add_option(
@@ -102,7 +106,8 @@ class PolarAddon:
             old.max_body_bytes, old.model_aliases = opts.polar_max_body, list(opts.polar_model_aliases)
             return
         new_db = old is None or bool(updated & WRITER_OPTIONS)
-        writer = CaptureWriter(opts.polar_db, synchronous=opts.polar_db_sync) if new_db else old.writer
+        writer = (CaptureWriter(opts.polar_db, synchronous=opts.polar_db_sync, busy_timeout=opts.polar_db_busy_timeout)
+                  if new_db else old.writer)
         backend = build_backend(opts) if old is None or updated & BACKEND_OPTIONS else old.backend
         keep_state = old is not None and not new_db and not updated & PROMPT_OPTIONS
         # Registered keys/addresses outlive a reconfiguration; a new database brings its own salt.
