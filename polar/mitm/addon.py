@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from mitmproxy import contentviews, ctx, http
 
 from polar.capture.writer import CaptureWriter
+from polar.errors import GatewayError
 from polar.gateway.gate import SamplingGate
-from polar.gateway.pipeline import Gateway, GatewayRequest
+from polar.gateway.pipeline import Gateway, GatewayReply, GatewayRequest
 from polar.mitm.contentview import PolarContentview
 from polar.sessions.identity import REDACTED, SECRET_HEADERS, SessionRegistry
 from polar.upstream.vllm_chat import VLLMChat
@@ -135,17 +136,22 @@ class PolarAddon:
         headers.setdefault("host", req.host_header or req.pretty_host)  # HTTP/2 carries :authority only
         gateway = self.gateway
         self._calls[id(gateway)] = self._calls.get(id(gateway), 0) + 1
+        path = req.path.split("?", 1)[0]
         try:
             out = await gateway.handle(
                 GatewayRequest(
                     method=req.method,
-                    path=req.path.split("?", 1)[0],
+                    path=path,
                     query=dict(req.query),
                     headers=headers,
                     body=body,
                     client_addr=peer[0] if peer else None,
                 )
             )
+        except Exception as exc:  # a flow left without a response would go on to the upstream, uncaptured
+            log.exception("polar failed on %s %s", req.method, path)
+            err = GatewayError("internal", f"polar failed on this call: {type(exc).__name__}: {exc}")
+            out = GatewayReply(gateway.providers.guess(path, headers).render_error(err))
         finally:
             self._calls[id(gateway)] -= 1
             if self._retired:
