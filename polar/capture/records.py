@@ -121,7 +121,9 @@ class CallEnd:
 def stored_message(message: dict[str, Any]) -> StoredMessage:
     """A canonical message under its content address (its key in the `messages` table)."""
     body = json.dumps(message, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return StoredMessage(hashlib.blake2b(body.encode(), digest_size=16).hexdigest(), body)
+    # surrogatepass: a lone surrogate ("\\ud800" is valid JSON) must reach the writer, which marks the
+    # row capture_failed and fails the call, not raise here, outside the gateway's guard.
+    return StoredMessage(hashlib.blake2b(body.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest(), body)
 
 
 def encode_messages(

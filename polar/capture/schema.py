@@ -52,11 +52,12 @@ CALLS: dict[str, Any] = {
 }
 
 
-def connect(path: str | Path, synchronous: str = "FULL") -> sqlite3.Connection:
-    """The writer's connection: WAL, autocommit (transactions are explicit), shared across threads."""
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
+def connect(path: str | Path, synchronous: str = "FULL", busy_timeout: float = 30.0) -> sqlite3.Connection:
+    """The writer's connection: WAL, autocommit (transactions are explicit), shared across threads.
+    `busy_timeout`: seconds a write waits for another process's lock before failing "database is locked"."""
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=busy_timeout)
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA busy_timeout=30000")
+    conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
     conn.execute(f"PRAGMA synchronous={synchronous}")
     return conn
 

@@ -7,8 +7,12 @@ capture failed never answers as if it had been recorded.
 
 No call's row depends on another call's statement: each write runs in its own SAVEPOINT, so a
 statement that fails rolls back that write alone; if the group's COMMIT fails (disk full, I/O
-error), every write is retried in a transaction of its own. Completing a call whose arrival row is
-missing inserts the row whole.
+error), every write is retried in a transaction of its own; if the transaction cannot even begin
+(another process holds the lock past `busy_timeout`), the group fails at once, not once per write.
+Completing a call whose arrival row is missing inserts the row whole.
+
+SQLite in WAL mode keeps writing, without an error, to a database file deleted or replaced under it:
+the writer checks that its path still names the file it opened and otherwise fails every write.
 
 Several gateways may write one database (an option change, N processes per node). Each writer holds
 a lease (an flock on `<db>.writers/<token>`) and tags the rows it opens, so on start-up only the
@@ -43,15 +47,16 @@ class CaptureError(RuntimeError):
 
 
 class CaptureWriter:
-    def __init__(self, path: str | Path, synchronous: str = "FULL", max_batch: int = 256):
+    def __init__(self, path: str | Path, synchronous: str = "FULL", max_batch: int = 256, busy_timeout: float = 30.0):
         self.path = str(path)
         self.synchronous = synchronous.upper()
         self._max_batch = max_batch
         self._last_error = ""  # why the last transaction could not commit
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._conn = schema.connect(self.path, self.synchronous)
+        self._conn = schema.connect(self.path, self.synchronous, busy_timeout)
         schema.ensure(self._conn)
         schema.presize_wal(self._conn, self.path, self.synchronous)
+        self._files = _identity(self.path)
         self.key_salt = schema.secret(self._conn, "key_salt")
         self.seal_key = schema.secret(self._conn, "seal_key")
         self.token, self._lease = _take_lease(self.path)
@@ -123,12 +128,18 @@ class CaptureWriter:
         # Only completions are awaited by a client's answer, so only they pay for an fsync; a group of
         # arrivals alone commits without one (still safe against the proxy being killed).
         durable = any(op[0] == "finish" for op, _ in work)
-        outcomes = self._transaction(work, durable)
-        if outcomes is None:  # the COMMIT itself failed: give every write its own chance
+        if _identity(self.path) != self._files:
+            outcomes: Any = CaptureError(f"the capture database {self.path} was deleted, moved or replaced while "
+                                         "polar had it open; writes would be lost (restart polar)")
+        else:
+            outcomes = self._transaction(work, durable)
+        if isinstance(outcomes, CaptureError):  # no transaction at all (locked, file gone): all fail alike
+            outcomes = [outcomes] * len(work)
+        elif outcomes is None:  # the COMMIT itself failed: give every write its own chance
             outcomes = []
             for item in work:
                 one = self._transaction([item], durable=item[0][0] == "finish")
-                outcomes.append(one[0] if one else CaptureError(self._last_error))
+                outcomes.append(one if isinstance(one, CaptureError) else one[0] if one else CaptureError(self._last_error))
         for (op, fut), outcome in zip(work, outcomes):
             if isinstance(outcome, BaseException):
                 log.error("capture write failed (%s): %s", op[0], outcome)
@@ -136,22 +147,22 @@ class CaptureWriter:
             else:
                 fut.set_result(outcome)
 
-    def _transaction(self, work: list[tuple[Any, Future]], durable: bool) -> list[Any] | None:
-        """Run `work` in one transaction, each write in its own savepoint. None if the COMMIT failed."""
+    def _transaction(self, work: list[tuple[Any, Future]], durable: bool) -> list[Any] | CaptureError | None:
+        """Run `work` in one transaction, each write in its own savepoint. None if the COMMIT failed,
+        a CaptureError if the transaction could not begin."""
         conn = self._conn
         try:
             conn.execute(f"PRAGMA synchronous={self.synchronous if durable else 'NORMAL'}")
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            self._last_error = f"could not open a write transaction: {exc}"
-            return None
+            return CaptureError(f"could not open a write transaction: {exc}")
         outcomes: list[Any] = []
         for op, _ in work:
             conn.execute("SAVEPOINT w")
             try:
                 outcomes.append(self._apply(op))
                 conn.execute("RELEASE w")
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 — any failed write (SQLite, encoding, a bug) is undone alone
                 if not conn.in_transaction:  # SQLite rolled the whole transaction back (disk full, I/O error)
                     self._last_error = str(exc)
                     return None
@@ -222,6 +233,18 @@ class CaptureWriter:
         if count:
             log.warning("marked %d calls from an earlier run as interrupted", count)
         return count
+
+
+def _identity(path: str) -> tuple:
+    """Which files the database and its WAL are (device, inode); None for one that is not there."""
+    def one(name: str):
+        try:
+            st = os.stat(name)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    return one(path), one(path + "-wal")
 
 
 def _lease_dir(path: str) -> str:

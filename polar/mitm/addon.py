@@ -21,15 +21,16 @@ from collections.abc import Sequence
 from mitmproxy import contentviews, ctx, http
 
 from polar.capture.writer import CaptureWriter
+from polar.errors import GatewayError
 from polar.gateway.gate import SamplingGate
-from polar.gateway.pipeline import Gateway, GatewayRequest
+from polar.gateway.pipeline import Gateway, GatewayReply, GatewayRequest
 from polar.mitm.contentview import PolarContentview
 from polar.sessions.identity import REDACTED, SECRET_HEADERS, SessionRegistry
 from polar.upstream.vllm_chat import VLLMChat
 
 log = logging.getLogger("polar.addon")
 
-WRITER_OPTIONS = {"polar_db", "polar_db_sync"}
+WRITER_OPTIONS = {"polar_db", "polar_db_sync", "polar_db_busy_timeout"}
 BACKEND_OPTIONS = {
     "polar_upstream", "polar_upstream_model", "polar_upstream_key", "polar_upstream_timeout",
     "polar_tokenizer", "polar_chat_template", "polar_token_endpoint",
@@ -81,6 +82,10 @@ class PolarAddon:
         loader.add_option(
             "polar_db_sync", str, "FULL", "SQLite synchronous mode for captures.", choices=["FULL", "NORMAL"]
         )
+        loader.add_option(
+            "polar_db_busy_timeout", int, 30,
+            "Seconds a capture write waits for another process's lock on the database before the call fails.",
+        )
         loader.add_option("polar_max_body", int, 64 * 1024 * 1024, "Largest request body accepted, in bytes.")
         loader.add_option("polar_model_aliases", Sequence[str], [], "Extra model names listed on GET …/models.")
         loader.add_option(
@@ -103,7 +108,8 @@ class PolarAddon:
             old.max_body_bytes, old.model_aliases = opts.polar_max_body, list(opts.polar_model_aliases)
             return
         new_db = old is None or bool(updated & WRITER_OPTIONS)
-        writer = CaptureWriter(opts.polar_db, synchronous=opts.polar_db_sync) if new_db else old.writer
+        writer = (CaptureWriter(opts.polar_db, synchronous=opts.polar_db_sync, busy_timeout=opts.polar_db_busy_timeout)
+                  if new_db else old.writer)
         backend = build_backend(opts) if old is None or updated & BACKEND_OPTIONS else old.backend
         keep_state = old is not None and not new_db and not updated & PROMPT_OPTIONS
         # Registered keys/addresses outlive a reconfiguration; a new database brings its own salt.
@@ -131,17 +137,22 @@ class PolarAddon:
         headers.setdefault("host", req.host_header or req.pretty_host)  # HTTP/2 carries :authority only
         gateway = self.gateway
         self._calls[id(gateway)] = self._calls.get(id(gateway), 0) + 1
+        path = req.path.split("?", 1)[0]
         try:
             out = await gateway.handle(
                 GatewayRequest(
                     method=req.method,
-                    path=req.path.split("?", 1)[0],
+                    path=path,
                     query=dict(req.query),
                     headers=headers,
                     body=body,
                     client_addr=peer[0] if peer else None,
                 )
             )
+        except Exception as exc:  # a flow left without a response would go on to the upstream, uncaptured
+            log.exception("polar failed on %s %s", req.method, path)
+            err = GatewayError("internal", f"polar failed on this call: {type(exc).__name__}: {exc}")
+            out = GatewayReply(gateway.providers.guess(path, headers).render_error(err))
         finally:
             self._calls[id(gateway)] -= 1
             if self._retired:

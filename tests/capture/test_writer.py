@@ -241,3 +241,38 @@ def test_secrets_are_random_per_database_and_kept(tmp_path):
     again = CaptureWriter(tmp_path / "a.db")
     assert (again.seal_key, again.key_salt) == keys
     again.close()
+
+
+def test_a_database_deleted_or_replaced_under_the_writer_fails_closed(tmp_path):
+    """SQLite in WAL mode would go on writing to the unlinked file without an error: rows lost silently."""
+    db = tmp_path / "c.db"
+    writer = CaptureWriter(db)
+    asyncio.run(writer.finish(None, _start("before"), _end()))
+    moved = tmp_path / "moved.db"
+    db.rename(moved)
+    with pytest.raises(CaptureError, match="deleted, moved or replaced"):
+        asyncio.run(writer.finish(None, _start("lost"), _end()))
+    moved.rename(db)  # put back: the same file, so writes go on
+    asyncio.run(writer.finish(None, _start("after"), _end()))
+    writer.close()
+    assert set(_rows(db)) == {"before", "after"}
+
+
+def test_a_lock_held_past_the_busy_timeout_fails_the_group_once_then_recovers(tmp_path):
+    db = tmp_path / "c.db"
+    writer = CaptureWriter(db, busy_timeout=0.3)
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+
+    async def group():
+        return await asyncio.gather(*(writer.finish(None, _start(f"w{i}"), _end()) for i in range(5)),
+                                    return_exceptions=True)
+
+    t0 = time.monotonic()
+    outcomes = asyncio.run(group())
+    assert all(isinstance(o, CaptureError) and "locked" in str(o) for o in outcomes), outcomes
+    assert time.monotonic() - t0 < 5 * 0.3  # not one busy timeout per write
+    other.execute("ROLLBACK")
+    asyncio.run(writer.finish(None, _start("after"), _end()))
+    writer.close()
+    assert set(_rows(db)) == {"after"}
