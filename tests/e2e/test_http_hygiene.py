@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import socket
 
 import pytest
 
@@ -53,6 +54,24 @@ def test_head_is_get_without_a_body(conn, path):
     assert head.status == get.status and head_body == b""
     assert head.getheader("content-length") == str(len(get_body))
     assert head.getheader("content-type") == get.getheader("content-type")
+
+
+def test_head_answers_are_bare_on_the_wire(stack):
+    """Pipelined on one raw socket: each HEAD answer's blank line is followed directly by the next status line."""
+    host, port = stack.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"HEAD /v1/models/nope HTTP/1.1\r\nHost: p\r\n\r\n"
+                     b"HEAD /v1/messages HTTP/1.1\r\nHost: p\r\nx-api-key: k\r\n\r\n"
+                     b"GET / HTTP/1.1\r\nHost: p\r\n\r\n")
+        data = b""
+        while not data.endswith(b"polar gateway\n"):
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+    heads = data.split(b"\r\n\r\n")
+    assert len(heads) == 4 and heads[-1] == b"polar gateway\n", data
+    assert [h.split(b"\r\n")[0] for h in heads[:3]] == [b"HTTP/1.1 404 Not Found", b"HTTP/1.1 405 Method Not Allowed",
+                                                         b"HTTP/1.1 200 OK"]
 
 
 def test_nested_too_deep(stack, conn, provider):
