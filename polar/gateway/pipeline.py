@@ -13,7 +13,7 @@ The session state learns a call's tokens only after its row has committed.
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import logging
 import secrets
 import time
@@ -25,7 +25,9 @@ from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages
 from polar.capture.writer import CaptureError, CaptureWriter
 from polar.errors import GatewayError
+from polar.gateway.body import decode_json
 from polar.gateway.gate import SamplingGate
+from polar.gateway.methods import allowed, headers_only, method_reply
 from polar.providers import ProviderSet, Sealer
 from polar.providers.base import HttpReply, Parsed, Provider, Route
 from polar.sessions.fingerprints import answer_message, message_fingerprint
@@ -76,6 +78,9 @@ class Gateway:
         self.model_aliases = model_aliases or []
 
     async def handle(self, req: GatewayRequest) -> GatewayReply:
+        if req.method == "HEAD":  # GET's answer without its body, for every path
+            out = await self.handle(dataclasses.replace(req, method="GET", body=b""))
+            return GatewayReply(headers_only(out.reply), out.meta)
         ident = self.registry.resolve(req.path, req.headers, req.client_addr)
         path = ident.path
         side = await self._side_call(req, path)
@@ -83,8 +88,8 @@ class Gateway:
             return GatewayReply(side, {"session": ident.session, "kind": "side-call"})
         route = self.providers.detect(req.method, path, req.query, req.headers)
         provider = route.provider if route else self.providers.guess(path, req.headers)
-        if route is None and req.method in ("GET", "HEAD"):
-            # A client's own side channel (settings, feature flags): no model call, so no capture.
+        if route is None and req.method != "POST":
+            # Not a model call (a client's settings or feature-flag channel, a probe): no capture.
             err = GatewayError("not_found", f"polar does not serve {req.method} {path}")
             return GatewayReply(provider.render_error(err), {"session": ident.session, "kind": "side-call"})
         return await self._model_call(req, ident, route, provider)
@@ -97,8 +102,11 @@ class Gateway:
             err = GatewayError("invalid_request", "polar serves the Responses API over HTTP only; WebSocket refused")
             err.status = 426
             return self.providers.guess(path, req.headers).render_error(err)
-        if path in ("/", "") and req.method in ("HEAD", "GET"):
-            return HttpReply(200, b"" if req.method == "HEAD" else b"polar gateway\n", {"content-type": "text/plain"})
+        allow = allowed(self.providers, path, req.query, req.headers)
+        if allow and (refused := method_reply(self.providers, req.method, path, allow, req.headers)):
+            return refused  # OPTIONS, or a method the path does not take: not a model call
+        if path in ("/", "") and req.method == "GET":
+            return HttpReply(200, b"polar gateway\n", {"content-type": "text/plain"})
         if req.method == "GET" and path.rstrip("/").endswith("/models"):
             names = list(dict.fromkeys([await self._model_or_none(), *self.model_aliases]))
             return self.providers.guess(path, req.headers).render_models([n for n in names if n])
@@ -195,18 +203,7 @@ class Gateway:
         self.states.record(session, turn, messages)
 
     def _parse(self, req: GatewayRequest, route: Route) -> Parsed:
-        if len(req.body) > self.max_body_bytes:
-            raise GatewayError(
-                "too_large", f"request body is {len(req.body)} bytes; polar accepts at most {self.max_body_bytes}"
-            )
-        try:
-            body = json.loads(req.body) if req.body else None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise GatewayError("invalid_request", f"request body is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise GatewayError("invalid_request", "request body nests JSON too deeply") from None
-        if body is None:
-            raise GatewayError("invalid_request", "request body is empty; a JSON object is required")
+        body = decode_json(req.body, req.headers.get("content-type"), self.max_body_bytes)
         return route.provider.parse(route, body)
 
     async def _continue_from(self, request: ChatRequest, session: str) -> ChatRequest:

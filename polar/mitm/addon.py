@@ -163,6 +163,11 @@ class PolarAddon:
             if name in req.headers:
                 req.headers[name] = REDACTED
         flow.response = http.Response.make(out.reply.status, out.reply.body, out.reply.headers)
+        # make() counts the body: a HEAD answer announces GET's length instead, a 204 none (RFC 9110).
+        if "content-length" in out.reply.headers:
+            flow.response.headers["content-length"] = out.reply.headers["content-length"]
+        elif out.reply.status == 204:
+            del flow.response.headers["content-length"]
         flow.metadata["polar"] = out.meta
         if "call_id" in out.meta:
             flow.comment = " ".join(

@@ -5,13 +5,15 @@ The parser-level fuzz tests (tests/providers/) check each parser alone; this sen
 through the real proxy (detection, session, parsing, token-faithful rendering, the upstream call,
 capture), so a crash anywhere on that path shows up as a 5xx or a dropped connection. Each request
 that reaches a model route leaves a capture row, and every error answer is in the caller's own shape.
+The hostile probes (tests/support/hostile.py: nesting, methods, HEAD, binary bodies, content types)
+share one keep-alive connection, so an answer that leaves bytes behind breaks the next one;
+scripts/fuzz_gateway.py runs the same probes by the ten thousand.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
 
 import httpx
 import pytest
@@ -19,49 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.fuzz import drop, json_values, paths, replace
-
-TOOL_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-
-# One rich, valid request per API: the mutations start from something every feature of which parses.
-VALID: dict[str, tuple[str, dict[str, Any]]] = {
-    "anthropic": ("/v1/messages", {
-        "model": "claude-x", "max_tokens": 32, "system": [{"type": "text", "text": "Be brief."}],
-        "tools": [{"name": "get_weather", "description": "w", "input_schema": TOOL_SCHEMA}],
-        "thinking": {"type": "enabled", "budget_tokens": 16}, "stop_sequences": ["END"], "temperature": 0.5,
-        "messages": [
-            {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather",
-                                               "input": {"city": "Paris"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]},
-        ]}),
-    "openai_chat": ("/v1/chat/completions", {
-        "model": "gpt-x", "max_tokens": 32, "temperature": 0.5, "stop": ["END"], "tool_choice": "auto",
-        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": TOOL_SCHEMA}}],
-        "messages": [
-            {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-        ]}),
-    "openai_responses": ("/v1/responses", {
-        "model": "gpt-x", "max_output_tokens": 32, "instructions": "Be brief.", "reasoning": {"effort": "low"},
-        "tools": [{"type": "function", "name": "get_weather", "parameters": TOOL_SCHEMA}],
-        "input": [
-            {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
-            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
-            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
-        ]}),
-    "gemini": ("/v1beta/models/gemini-x:generateContent", {
-        "systemInstruction": {"parts": [{"text": "Be brief."}]},
-        "tools": [{"functionDeclarations": [{"name": "get_weather", "parameters": TOOL_SCHEMA}]}],
-        "generationConfig": {"maxOutputTokens": 32, "temperature": 0.5, "stopSequences": ["END"]},
-        "contents": [
-            {"role": "user", "parts": [{"text": "Weather in Paris?"}]},
-            {"role": "model", "parts": [{"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}}]},
-            {"role": "user", "parts": [{"functionResponse": {"name": "get_weather", "response": {"r": "sunny"}}}]},
-        ]}),
-}
+from tests.support.hostile import VALID, KeepAlive, error_shape, probe
 
 JSON = json_values(text=20, ints=st.integers(-2**40, 2**40))
 
@@ -78,15 +38,6 @@ def mutated(draw, api: str) -> bytes:
     if kind == "json":
         return json.dumps(draw(JSON)).encode()
     return draw(st.binary(max_size=200))
-
-
-def _error_shape(api: str, reply: httpx.Response) -> bool:
-    body = reply.json()
-    if api == "anthropic":
-        return body["type"] == "error" and bool(body["error"]["type"]) and bool(body["error"]["message"])
-    if api == "gemini":
-        return body["error"]["code"] == reply.status_code and bool(body["error"]["status"]) and bool(body["error"]["message"])
-    return bool(body["error"]["message"]) and "type" in body["error"]
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +61,7 @@ def test_mutated_requests_get_client_errors_not_crashes(stack, client, api):
         sent.append(reply.status_code)
         assert reply.status_code < 500, (payload[:300], reply.status_code, reply.text[:300])
         if reply.status_code >= 400:
-            assert _error_shape(api, reply), reply.text[:300]
+            assert error_shape(api, reply.status_code, reply.content), reply.text[:300]
 
     check()
     assert len(sent) >= 400 and any(s == 400 for s in sent)
@@ -120,3 +71,49 @@ def test_mutated_requests_get_client_errors_not_crashes(stack, client, api):
     assert len(rows) == len(sent) + 1
     assert {r["status"] for r in rows} <= {"ok", "error"}
     assert all(r["error_kind"] not in ("internal", "upstream_error") for r in rows)
+
+
+def test_hostile_requests_keep_the_connection(stack):
+    """Hostile probes over one keep-alive connection: no 5xx, shaped errors, HEAD bare, nothing dropped."""
+    session = f"hostile-{uuid.uuid4().hex[:6]}"
+    stack.script(rules=[{"match": "", "steps": [{"content": "ok"}]}])
+    conn = KeepAlive(stack.url)
+    outcomes = []
+
+    @settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(rng=st.randoms(use_true_random=False))
+    def check(rng) -> None:
+        out = conn.send(probe(rng, session))
+        outcomes.append(out)
+        assert not out.problems, (out.probe, out.status, out.problems)
+
+    try:
+        check()
+    finally:
+        conn.close()
+    kinds = {o.probe.kind for o in outcomes}
+    assert kinds == {"valid", "mutated", "nested", "method", "binary", "content_type", "unknown_path", "empty"}
+    assert {405, 415, 204} <= {o.status for o in outcomes}
+    assert any(o.probe.method == "HEAD" for o in outcomes)
+    stored = {r["call_id"] for r in stack.rows(session)}
+    assert {o.call_id for o in outcomes if o.call_id} == stored  # every POST, and only those, on record
+
+
+def test_fuzz_script_smoke(stack, monkeypatch, capsys):
+    """scripts/fuzz_gateway.py with a fixed seed against the running stack: its table, and no problem."""
+    import importlib.util
+    import sys
+
+    from tests.conftest import REPO
+
+    stack.script(rules=[{"match": "", "steps": [{"content": "ok"}]}])
+    spec = importlib.util.spec_from_file_location("fuzz_gateway", REPO / "scripts" / "fuzz_gateway.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # dataclasses look their module up
+    spec.loader.exec_module(script)
+    report = script.main(["--requests", "300", "--seed", "13", "--connections", "2", "--url", stack.url,
+                          "--db", str(stack.db)])
+    out = capsys.readouterr().out
+    assert len(report.outcomes) == 300 and not report.problems, out
+    assert report.missing_rows == 0
+    assert "api" in out and "all" in out and "problems: none" in out

@@ -161,15 +161,17 @@ def test_database_locked_by_another_process(plain):
 
 
 def test_a_row_that_cannot_be_encoded(plain):
-    """A lone surrogate escape ("\\ud800") is valid JSON and decodes to a str SQLite cannot store as UTF-8."""
+    """A lone surrogate escape ("\\ud800") is valid JSON and decodes to a str SQLite cannot store as UTF-8:
+    the gateway refuses it at the door (400, in the caller's shape) and records the refusal. A completion
+    that still cannot be encoded is marked capture_failed by the writer (tests/capture/test_writer.py)."""
     proxy, db = plain
     body = b'{"model": "gpt-x", "messages": [{"role": "user", "content": "hi \\ud800"}]}'
     resp = httpx.post(f"{proxy.url}/v1/chat/completions", content=body, timeout=30,
                       headers={"content-type": "application/json", "x-polar-session": "odd", "authorization": "Bearer k"})
     error = resp.json()["error"]
-    assert resp.status_code == 500 and REFUSED in error["message"] and "surrogates" in error["message"], resp.text
+    assert resp.status_code == 400 and "surrogate" in error["message"], resp.text
     row = _rows(db)[resp.headers["x-polar-call-id"]]
-    assert row["status"] == "error" and row["error_kind"] == "capture_failed" and "surrogates" in row["error"]
+    assert row["status"] == "error" and row["error_kind"] == "invalid_request" and "surrogate" in row["error"]
     _ask(proxy, "odd")
 
 
