@@ -1,35 +1,59 @@
-"""One real vLLM server for the whole integration run (a cold start takes about 90 s on 2 cores),
-and polar proxies to put in front of it."""
+"""Real vLLM servers for the integration run, one at a time (a cold start takes about 90 s on 2 cores):
+one on the tiny model's own template, and one per real chat template (`template_vllm`, session-scoped and
+parametrized, so pytest groups each template's tests and pays one cold start per template). And polar
+proxies to put in front of them."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.support.real_vllm import real_vllm_server, tiny_model_dir
+from tests.support.real_vllm import (
+    REAL_TEMPLATES,
+    OneServer,
+    ensure_tiny_model,
+    real_template,
+)
 
 HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="session")
-def vllm_url() -> Iterator[str]:
-    """The shared server's base URL. POLAR_VLLM_URL reuses one you already run instead (while iterating on
-    tests): it must serve the tiny model as scripts/serve_vllm_cpu.sh does."""
-    if os.environ.get("POLAR_VLLM_URL"):
-        yield os.environ["POLAR_VLLM_URL"].rstrip("/")
-        return
-    with real_vllm_server() as url:
-        yield url
+def vllm_servers() -> Iterator[OneServer]:
+    servers = OneServer()
+    yield servers
+    servers.close()
 
 
 @pytest.fixture(scope="session")
-def model_dir(vllm_url) -> Path:
-    """The directory vLLM serves: its tokenizer and chat template are the ones polar must match."""
-    return tiny_model_dir()
+def vllm_url(vllm_servers) -> str:
+    """The shared server's base URL (the tiny model's own template). POLAR_VLLM_URL reuses one you already
+    run instead (while iterating on tests): it must serve the tiny model as scripts/serve_vllm_cpu.sh does."""
+    return vllm_servers.url()
+
+
+@dataclass
+class TemplateServer:
+    """vLLM started with `--chat-template path`: polar must be told the same template."""
+
+    name: str
+    template: Path
+    url: str
+
+
+@pytest.fixture(scope="session", params=list(REAL_TEMPLATES))
+def template_vllm(request, vllm_servers) -> TemplateServer:
+    template = real_template(request.param)
+    return TemplateServer(request.param, template, vllm_servers.url(template))
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    """The directory vLLM serves: its tokenizer (and own chat template) are the ones polar must match."""
+    return ensure_tiny_model()
 
 
 @dataclass
@@ -49,6 +73,7 @@ class Polar:
 @pytest.fixture(scope="module")
 def start_polar(tmp_path_factory, model_dir) -> Iterator[Callable[[str, str], Polar]]:
     """Start polar in front of an upstream, in either prompt mode; every proxy stops with the module.
+    `template` is the chat template vLLM was started with; `endpoint` the token-in endpoint (auto probes).
 
     Subprocesses, because mitmproxy allows one in-process proxy per Python process.
     """
@@ -56,10 +81,12 @@ def start_polar(tmp_path_factory, model_dir) -> Iterator[Callable[[str, str], Po
 
     started: list[SubprocessProxy] = []
 
-    def start(upstream: str, mode: str) -> Polar:
+    def start(upstream: str, mode: str, template: Path | None = None, endpoint: str = "auto") -> Polar:
         db = tmp_path_factory.mktemp(f"captures-{mode}") / "captures.db"
         tokenizer = str(model_dir) if mode == "token-faithful" else ""  # a tokenizer turns token-faithful prompts on
-        proxy = SubprocessProxy(ProxyConfig(upstream=upstream, db=str(db), port=free_port(), tokenizer=tokenizer))
+        extra = {"polar_token_endpoint": endpoint} | ({"polar_chat_template": str(template)} if template else {})
+        proxy = SubprocessProxy(ProxyConfig(upstream=upstream, db=str(db), port=free_port(), tokenizer=tokenizer,
+                                            extra=extra))
         proxy.start()
         started.append(proxy)
         return Polar(proxy.url, db, mode)
@@ -69,19 +96,19 @@ def start_polar(tmp_path_factory, model_dir) -> Iterator[Callable[[str, str], Po
         proxy.stop()
 
 
-def _brings_own_server(item: pytest.Item) -> bool:
-    module = getattr(item, "module", None)
-    return module is not None and "vllm_url" in vars(module)
+def _template(item: pytest.Item) -> str:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("template_vllm", "") if callspec else ""
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own grouping by fixture parameters
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run integration modules that start their own vLLM (a module-level `vllm_url`) before the shared one starts.
-
-    Their module-scoped server stops before the session server is first needed, so two vLLM servers
-    never compete for the machine's cores. Other items keep their places.
-    """
+    """Group integration tests by the template their vLLM serves, real templates first: one server runs at a
+    time (a new template stops the last one), so each template pays one cold start and the shared server,
+    once started, keeps running to the end. Other items keep their places."""
+    order = {name: n for n, name in enumerate(REAL_TEMPLATES)}
     slots = [n for n, item in enumerate(items) if HERE in Path(str(item.path)).parents]
-    ordered = sorted((items[n] for n in slots), key=lambda item: not _brings_own_server(item))
+    ordered = sorted((items[n] for n in slots), key=lambda item: order.get(_template(item), len(order)))
     for n, item in zip(slots, ordered, strict=True):
         items[n] = item
 
@@ -277,4 +304,13 @@ def tap(vllm_url):
     from tests.support.tap import running_tap
 
     with running_tap(vllm_url) as tap:
+        yield tap
+
+
+@pytest.fixture(scope="module")
+def template_tap(template_vllm):
+    """A recording relay in front of the vLLM serving a real template."""
+    from tests.support.tap import running_tap
+
+    with running_tap(template_vllm.url) as tap:
         yield tap

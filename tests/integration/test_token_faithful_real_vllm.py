@@ -6,6 +6,7 @@ a very small one; two get room to end on their own with the EOS token. Every cal
 must extend the previous prompt + sampled ids (nothing sampled is re-encoded, a truncated turn is
 closed without touching its ids), vLLM must have been sent and have sampled exactly what was
 captured, and prefix-merge must make exactly one trajectory holding every sampled token unchanged.
+Each real chat template runs: vLLM started with `--chat-template`, polar told the same template.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import itertools
 import uuid
 
 import pytest
+
+from tests.support.real_vllm import full_matrix_only
 
 pytestmark = pytest.mark.vllm
 
@@ -31,16 +34,19 @@ TURNS = [
 
 
 @pytest.fixture(scope="module")
-def polar(tap, start_polar):
-    return start_polar(tap.url, "token-faithful")
+def polar(template_vllm, template_tap, start_polar):
+    return start_polar(template_tap.url, "token-faithful", template=template_vllm.template)
 
 
 @pytest.mark.parametrize("thinking", [True, False], ids=["thinking", "no-thinking"])
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_session_is_one_faithful_trajectory(tap, polar, converse, provider, thinking):
+def test_session_is_one_faithful_trajectory(template_vllm, template_tap, polar, converse, provider, thinking):
     from polar.trajectories.builders import prefix_merge
 
-    session = f"tf-real-{provider}-{int(thinking)}-{uuid.uuid4().hex[:6]}"
+    # Off qwen3.5-4b: each provider once, thinking on and off alternating.
+    full_matrix_only(template_vllm.name, PROVIDERS.index(provider) % 2 == int(not thinking))
+    tap = template_tap
+    session = f"tf-real-{template_vllm.name}-{provider}-{int(thinking)}-{uuid.uuid4().hex[:6]}"
     tap.clear()
     stream = provider != "openai_chat"  # as the CLIs call; Chat Completions plain, as many simple harnesses do
     answers = converse(provider, polar.url, session, TURNS, stream=stream, thinking=thinking)
@@ -64,12 +70,17 @@ def test_session_is_one_faithful_trajectory(tap, polar, converse, provider, thin
         assert choice["token_ids"] == row["completion_ids"]
         assert [e["logprob"] for e in choice["logprobs"]["content"]] == pytest.approx(row["completion_logprobs"], abs=1e-6)
 
-    # The client saw each turn end as captured: the tiny turn and the small ones cut, roomy ones ending with EOS.
+    # The client saw each turn end as captured: cut at its max tokens, or ended by EOS. Which turn ends how
+    # depends on the template's prompt (the model is noise), but a session must take both paths.
     finishes = [r["finish_reason"] for r in rows]
     assert [a.finish for a in answers] == finishes
     assert [a.output_tokens for a in answers] == [r["completion_len"] for r in rows]
-    assert finishes[2] == "length" and rows[2]["completion_len"] == TINY
+    for (_, max_tokens), row in zip(TURNS, rows, strict=True):
+        ended = row["completion_ids"][-1] == EOS
+        assert row["finish_reason"] == ("stop" if ended else "length") and row["completion_len"] <= max_tokens
+        assert ended or row["completion_len"] == max_tokens
     assert "stop" in finishes, "no turn ended on its own: the EOS path went untested (raise ROOMY?)"
+    assert "length" in finishes, "no turn was cut: closing a truncated turn went untested"
 
     (traj,) = prefix_merge(rows)
     assert traj.token_ids[: rows[-1]["prompt_len"]] == rows[-1]["prompt_ids"]

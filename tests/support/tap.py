@@ -7,13 +7,17 @@ against the very answer vLLM gave for that call.
     with running_tap("http://127.0.0.1:8000") as tap:
         ...                                  # point polar at tap.url, make calls
         tap.model_calls()                    # the token-level exchanges, oldest first
+
+A tap can also play a different upstream: `refuse` paths get a 404 as from a server without them
+(a vLLM started without --enable-scale-out has no /inference/v1/generate), and `edit` rewrites a
+JSON answer before polar sees it (what the tap records is what polar saw).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -39,9 +43,12 @@ class Exchange:
 
 
 class Tap:
-    def __init__(self, upstream: str, timeout: float = 600):
+    def __init__(self, upstream: str, timeout: float = 600, refuse: tuple[str, ...] = (),
+                 edit: Callable[[str, Any], Any] | None = None):
         self.upstream = upstream.rstrip("/")
         self.timeout = timeout
+        self.refuse = refuse
+        self.edit = edit  # (path, answer JSON) → the answer JSON polar gets
         self.url = ""  # set once it listens
         self._exchanges: list[Exchange] = []
         self._lock = threading.Lock()
@@ -49,15 +56,23 @@ class Tap:
 
     async def relay(self, request: Request) -> Response:
         body = await request.body()
+        if request.url.path in self.refuse:
+            with self._lock:
+                self._exchanges.append(Exchange(request.method, request.url.path, _json(body), 404, None))
+            return Response('{"detail":"Not Found"}', status_code=404, media_type="application/json")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
         url = self.upstream + request.url.path + (f"?{request.url.query}" if request.url.query else "")
         async with httpx.AsyncClient(timeout=self.timeout) as client:
             answer = await client.request(request.method, url, content=body, headers=headers)
-        exchange = Exchange(request.method, request.url.path, _json(body), answer.status_code, _json(answer.content))
+        content, answered = answer.content, _json(answer.content)
+        if self.edit is not None and answered is not None:
+            answered = self.edit(request.url.path, answered)
+            content = json.dumps(answered).encode()
+        exchange = Exchange(request.method, request.url.path, _json(body), answer.status_code, answered)
         with self._lock:
             self._exchanges.append(exchange)
         kept = {k: v for k, v in answer.headers.items() if k.lower() not in _NOT_FORWARDED}
-        return Response(answer.content, status_code=answer.status_code, headers=kept)
+        return Response(content, status_code=answer.status_code, headers=kept)
 
     def exchanges(self) -> list[Exchange]:
         with self._lock:
@@ -85,11 +100,11 @@ def _json(raw: bytes) -> Any:
 
 
 @contextmanager
-def running_tap(upstream: str) -> Iterator[Tap]:
-    """A tap in front of `upstream`, served on a free local port for the duration of the block."""
+def running_tap(upstream: str, **options) -> Iterator[Tap]:
+    """A tap in front of `upstream` (options as for Tap), served on a free local port for the duration of the block."""
     from polar.doubles.scripted_vllm import BackgroundServer  # a plain uvicorn-on-a-thread runner
 
-    tap = Tap(upstream)
+    tap = Tap(upstream, **options)
     server = BackgroundServer(tap.app)
     tap.url = server.start()
     try:
