@@ -53,6 +53,7 @@ class CaptureWriter:
         self._max_batch = max_batch
         self._last_error = ""  # why the last transaction could not commit
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.busy_timeout = self._busy_applied = busy_timeout
         self._conn = schema.connect(self.path, self.synchronous, busy_timeout)
         schema.ensure(self._conn)
         schema.presize_wal(self._conn, self.path, self.synchronous)
@@ -81,6 +82,11 @@ class CaptureWriter:
     async def finish(self, row_id: int | None, call: CallStart, end: CallEnd) -> int:
         """Complete a call's row (or insert it whole) and wait for the commit. Returns the row id."""
         return await asyncio.wrap_future(self._submit(("finish", row_id, call, end)))
+
+    def tune(self, synchronous: str, busy_timeout: float) -> None:
+        """New commit mode and lock wait for this database, applied from its next transaction (an option
+        change on the same file: never a second writer)."""
+        self.synchronous, self.busy_timeout = synchronous.upper(), busy_timeout
 
     def close(self) -> None:
         thread, self._thread = self._thread, None  # a second close is a no-op
@@ -152,6 +158,9 @@ class CaptureWriter:
         a CaptureError if the transaction could not begin."""
         conn = self._conn
         try:
+            if self.busy_timeout != self._busy_applied:
+                conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+                self._busy_applied = self.busy_timeout
             conn.execute(f"PRAGMA synchronous={self.synchronous if durable else 'NORMAL'}")
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:

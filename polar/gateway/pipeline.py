@@ -71,7 +71,7 @@ class Gateway:
         self.reader = CaptureReader(writer.path)
         self.backend = backend
         self.registry = registry or SessionRegistry(salt=writer.key_salt)
-        self.states = states or SessionStates(self.reader.recent_calls)
+        self.states = states if states is not None else SessionStates(self.reader.recent_calls)  # (empty is falsy)
         self.gate = gate or SamplingGate()
         self.providers = ProviderSet(Sealer(writer.seal_key))  # reasoning seals keyed per capture database
         self.max_body_bytes = max_body_bytes

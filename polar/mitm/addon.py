@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 from mitmproxy import contentviews, ctx, http
 
@@ -107,7 +108,13 @@ class PolarAddon:
         if old is not None and not updated & (WRITER_OPTIONS | BACKEND_OPTIONS):
             old.max_body_bytes, old.model_aliases = opts.polar_max_body, list(opts.polar_model_aliases)
             return
-        new_db = old is None or bool(updated & WRITER_OPTIONS)
+        same_file = old is not None and Path(opts.polar_db).resolve() == Path(old.writer.path).resolve()
+        if same_file and updated & WRITER_OPTIONS:
+            old.writer.tune(opts.polar_db_sync, opts.polar_db_busy_timeout)  # one writer per file
+            if not updated & BACKEND_OPTIONS:
+                old.max_body_bytes, old.model_aliases = opts.polar_max_body, list(opts.polar_model_aliases)
+                return
+        new_db = old is None or not same_file
         writer = (CaptureWriter(opts.polar_db, synchronous=opts.polar_db_sync, busy_timeout=opts.polar_db_busy_timeout)
                   if new_db else old.writer)
         backend = build_backend(opts) if old is None or updated & BACKEND_OPTIONS else old.backend

@@ -14,6 +14,7 @@ import pytest
 
 from polar.capture.reader import CaptureReader
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
+from polar.trajectories.drift import drift_report
 from tests.e2e.sessions import DRIVERS, TURNS, script_steps
 
 KILL_AFTER = (1, 4, 8)  # turns after which the gateway is killed and restarted
@@ -45,6 +46,9 @@ def test_a_session_survives_sigkill_between_turns_token_for_token(double_server,
         full = prev["prompt_ids"] + prev["completion_ids"]
         assert row["prompt_ids"][: len(full)] == full  # no sampled id re-encoded, across the kills too
         assert row["prompt_parent"] == prev["id"]  # and stored linearly against it
+    (drift,) = drift_report(rows)
+    assert drift.trajectories == 1 and drift.breaks == []
+    assert drift.carried_tokens > 0 and drift.reappeared_fraction == 1.0  # 100 % of sampled tokens carried
 
 
 def test_a_call_in_flight_when_the_gateway_dies_is_marked_interrupted(double_server, tokenizer_dir, tmp_path):

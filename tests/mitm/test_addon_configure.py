@@ -1,0 +1,58 @@
+"""An option change rebuilds only the part it touches, as mitmproxy's own addons do."""
+
+from __future__ import annotations
+
+import contextlib
+
+from mitmproxy import ctx
+from mitmproxy.test import taddons
+
+from polar.mitm.addon import PolarAddon
+
+
+@contextlib.contextmanager
+def _master(addon: PolarAddon):
+    """mitmproxy's test context, undone afterwards (the session-wide in-process proxy uses the real one)."""
+    saved = {name: getattr(ctx, name) for name in ("master", "options", "log") if hasattr(ctx, name)}
+    try:
+        with taddons.context(addon) as context:
+            yield context
+    finally:
+        for name, value in saved.items():
+            setattr(ctx, name, value)
+
+
+def test_each_option_rebuilds_only_its_part(tmp_path, tokenizer_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # loading configures every option once, the default database included
+    addon = PolarAddon()
+    with _master(addon) as tctx:
+        tctx.configure(addon, polar_db=str(tmp_path / "a.db"), polar_upstream="http://127.0.0.1:9")
+        first = addon.gateway
+        registry, gate, states = first.registry, addon.gate, first.states
+        first.registry.register_key("sk-session-key", "s1")
+
+        tctx.configure(addon, polar_max_body=1234, polar_model_aliases=["alias"])
+        assert addon.gateway is first and first.max_body_bytes == 1234 and first.model_aliases == ["alias"]
+
+        tctx.configure(addon, polar_db_sync="NORMAL", polar_db_busy_timeout=2)
+        assert addon.gateway is first and first.writer.synchronous == "NORMAL" and first.writer.busy_timeout == 2
+
+        tctx.configure(addon, polar_upstream="http://127.0.0.1:10")
+        second = addon.gateway
+        assert second is not first and second.writer is first.writer and second.backend is not first.backend
+        assert second.states is states and second.gate is gate and second.registry is registry
+
+        tctx.configure(addon, polar_tokenizer=str(tokenizer_dir))  # other prompt ids: the token state goes
+        third = addon.gateway
+        assert third.writer is first.writer and third.states is not states
+        assert type(third.backend).__name__ == "TokenFaithful"
+
+        old_hash = registry.hash_key("sk-session-key")
+        tctx.configure(addon, polar_db=str(tmp_path / "b.db"))
+        fourth = addon.gateway
+        assert fourth.writer is not first.writer and fourth.writer.path.endswith("b.db")
+        assert fourth.registry is registry and fourth.gate is gate  # runtimes and trainers hold these
+        assert registry.hash_key("sk-session-key") != old_hash  # re-hashed under the new database's salt
+        assert registry.resolve("/v1/messages", {"x-api-key": "sk-session-key"}, None).session == "s1"
+        assert addon._retired == []  # nothing in flight: the replaced parts are closed at once
+        assert first.writer._thread is None  # closed
