@@ -54,6 +54,8 @@ class SessionState:
     turns: list[Turn] = field(default_factory=list)
     # The last call's canonical messages (as stored JSON dicts) and their content addresses.
     messages: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    # Why the state holds what it holds, for prompt_mode when no turn can be extended.
+    origin: str = "first call of the session"
 
     @property
     def tokens(self) -> int:
@@ -72,7 +74,7 @@ class SessionState:
     def extension(self, request: ChatRequest, keys: list[str]) -> tuple[Extension | None, str]:
         """The longest earlier turn this request extends, or None and the reason why not."""
         if not self.turns:
-            return None, "first call of the session"
+            return None, self.origin
         if not any(m.role == "assistant" for m in request.messages):
             return None, "a new conversation in this session (no assistant turn in its history)"
         context = request_context_key(request)
@@ -156,7 +158,7 @@ class SessionStates:
             state = await asyncio.to_thread(self._rebuild, session) if self._load else SessionState()
         except Exception as exc:  # the database is unreadable: go on without the history, say so
             log.error("could not rebuild session %s from the capture database: %s", session, exc)
-            state = SessionState()
+            state = SessionState(origin=f"its earlier turns could not be read from the capture database ({exc})")
         finally:
             del self._loading[session]
         if session not in self._states:  # a call may have committed while we read
@@ -187,6 +189,8 @@ class SessionStates:
     def _rebuild(self, session: str) -> SessionState:
         state = SessionState()
         rows = self._load(session, self.turns_per_session) if self._load else []
+        if rows:  # an evicted session, or the first call after a restart; none of its calls had tokens otherwise
+            state.origin = f"none of the session's last {len(rows)} captured calls is a prefix of this request"
         for row in rows:
             canonical, result = row.get("canonical"), row.get("result")
             if not canonical or not result:

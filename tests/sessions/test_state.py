@@ -83,3 +83,13 @@ def test_one_lru_policy_bounds_sessions_turns_and_tokens():
     assert asyncio.run(states.get("a")).turns and len(states) == 2
     states.record("a", Turn(9, np.arange(20, dtype="<u4"), 10, "", [], ""), None)  # over max_tokens
     assert len(states) == 1  # the least recently used went first, the active session stays
+
+
+def test_an_unreadable_database_means_a_re_render_that_says_why():
+    def broken(session: str, n: int):
+        raise OSError("disk I/O error")
+
+    state = asyncio.run(SessionStates(broken).get("s"))
+    request = _request(_msg("user", "hi"), _msg("assistant", "yo"), _msg("user", "more"))
+    ext, why = state.extension(request, [message_fingerprint(m) for m in request.messages])
+    assert ext is None and why == "its earlier turns could not be read from the capture database (disk I/O error)"
