@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from tests.support.real_vllm import full_matrix_only
+from tests.support.real_vllm import template_subset
 from tests.support.tap import running_tap
 
 pytestmark = pytest.mark.vllm
@@ -40,9 +40,9 @@ def polars(template_vllm, template_tap, no_scale_out, start_polar):
             "auto": start(no_scale_out, "auto")}
 
 
+@template_subset(lambda p: p["provider"] in ("anthropic", "openai_responses"))
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_completions_path_equals_generate(template_vllm, polars, converse, provider):
-    full_matrix_only(template_vllm.name, provider in ("anthropic", "openai_responses"))
     session = f"ep-{template_vllm.name}-{provider}-{uuid.uuid4().hex[:6]}"
     rows, paths = {}, {}
     for name, (tap, polar) in polars.items():

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from tests.support.real_vllm import full_matrix_only
+from tests.support.real_vllm import template_subset
 
 pytestmark = pytest.mark.vllm
 
@@ -24,10 +24,10 @@ def polars(template_vllm, template_tap, start_polar):
             for mode in ("chat-template", "token-faithful")}
 
 
+@template_subset(lambda p: p["provider"] in ("anthropic", "openai_responses"))
 @pytest.mark.parametrize("thinking", [False, True], ids=["no-thinking", "thinking"])
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_polar_renders_the_first_prompt_as_vllm_does(template_vllm, polars, converse, provider, thinking):
-    full_matrix_only(template_vllm.name, provider in ("anthropic", "openai_responses"))
     prompts = {}
     for mode, polar in polars.items():
         session = f"render-{template_vllm.name}-{mode}-{uuid.uuid4().hex[:6]}"

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from tests.support.real_vllm import full_matrix_only
+from tests.support.real_vllm import template_subset
 
 pytestmark = pytest.mark.vllm
 
@@ -38,13 +38,13 @@ def polar(template_vllm, template_tap, start_polar):
     return start_polar(template_tap.url, "token-faithful", template=template_vllm.template)
 
 
+# Off qwen3.5-4b: each provider once, thinking on and off alternating.
+@template_subset(lambda p: PROVIDERS.index(p["provider"]) % 2 == int(not p["thinking"]))
 @pytest.mark.parametrize("thinking", [True, False], ids=["thinking", "no-thinking"])
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_session_is_one_faithful_trajectory(template_vllm, template_tap, polar, converse, provider, thinking):
     from polar.trajectories.builders import prefix_merge
 
-    # Off qwen3.5-4b: each provider once, thinking on and off alternating.
-    full_matrix_only(template_vllm.name, PROVIDERS.index(provider) % 2 == int(not thinking))
     tap = template_tap
     session = f"tf-real-{template_vllm.name}-{provider}-{int(thinking)}-{uuid.uuid4().hex[:6]}"
     tap.clear()

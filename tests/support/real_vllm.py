@@ -52,11 +52,26 @@ def real_template(name: str) -> Path:
 FULL_MATRIX_TEMPLATE = "qwen3.5-4b"  # the model the Polar paper trains
 
 
-def full_matrix_only(template: str, in_subset: bool) -> None:
-    """Skip a case off the subset on templates other than FULL_MATRIX_TEMPLATE: each costs a cold start
-    already (~80 s), so CI runs a subset there. POLAR_FULL_TEMPLATE_MATRIX=1 runs every case."""
-    if template != FULL_MATRIX_TEMPLATE and not in_subset and not os.environ.get("POLAR_FULL_TEMPLATE_MATRIX"):
-        pytest.skip(f"the full matrix runs on {FULL_MATRIX_TEMPLATE}; set POLAR_FULL_TEMPLATE_MATRIX=1 for {template}")
+def template_subset(keep):
+    """Mark a test whose full parameter matrix runs on FULL_MATRIX_TEMPLATE only: on the other templates
+    (each costs a cold start, ~80 s) CI collects just the cases `keep(params)` accepts — the rest are not
+    collected, never skipped. POLAR_FULL_TEMPLATE_MATRIX=1 collects every case."""
+
+    def mark(test):
+        test.template_subset = keep
+        return test
+
+    return mark
+
+
+def off_the_subset(item: pytest.Item) -> bool:
+    """A collected case outside its test's template subset (see template_subset)."""
+    keep = getattr(getattr(item, "function", None), "template_subset", None)
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    template = params.get("template_vllm", FULL_MATRIX_TEMPLATE)
+    if keep is None or template == FULL_MATRIX_TEMPLATE or os.environ.get("POLAR_FULL_TEMPLATE_MATRIX"):
+        return False
+    return not keep(params)
 
 
 def polar_cache() -> Path:
