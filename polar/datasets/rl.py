@@ -38,7 +38,8 @@ SCHEMA = pa.schema([
     ("harness", pa.string()),
     ("input_ids", pa.list_(pa.int32())),
     ("loss_mask", pa.list_(pa.int8())),
-    ("logprobs", pa.list_(pa.float32())),  # sampling logprobs (behaviour policy), 0.0 where masked
+    ("logprobs", pa.list_(pa.float32())),  # behaviour policy; 0.0 where masked, null where not captured
+    ("has_logprobs", pa.bool_()),  # every turn's logprobs were captured
     ("reward", pa.float64()),
     ("advantage", pa.float64()),
     ("group_reward_mean", pa.float64()),
@@ -112,6 +113,7 @@ def rl_group(group_id: str, results: Iterable[SessionResult], *, harness_of: Cal
                 "input_ids": list(t.token_ids),
                 "loss_mask": list(t.loss_mask),
                 "logprobs": list(t.logprobs),
+                "has_logprobs": t.has_logprobs,
                 "reward": float(r.reward),
                 "advantage": advantage,
                 "group_reward_mean": mean,

@@ -11,7 +11,8 @@ from polar.datasets.select import Candidate, Selected
 
 
 def _bucket() -> dict[str, Any]:
-    return {"attempted": 0, "accepted": 0, "tokens": 0, "trainable_tokens": 0, "turns": 0, "_rewards": []}
+    return {"attempted": 0, "accepted": 0, "tokens": 0, "trainable_tokens": 0, "turns": 0,
+            "trajectories_without_logprobs": 0, "turns_without_logprobs": 0, "_rewards": []}
 
 
 def _add(b: dict[str, Any], c: Candidate, accepted: bool) -> None:
@@ -22,6 +23,8 @@ def _add(b: dict[str, Any], c: Candidate, accepted: bool) -> None:
         b["tokens"] += len(t.token_ids)
         b["trainable_tokens"] += t.trainable_tokens
         b["turns"] += len(t.turns)
+        b["trajectories_without_logprobs"] += not t.has_logprobs
+        b["turns_without_logprobs"] += t.turns_without_logprobs
         if c.reward is not None:
             b["_rewards"].append(c.reward)
 
@@ -96,6 +99,9 @@ def summary_lines(stats: dict[str, Any]) -> list[str]:
     total = stats["total"]
     lines = [f"{total['accepted']}/{total['attempted']} trajectories accepted from {stats['sessions']} sessions; "
              f"{total['tokens']} tokens, {total['trainable_tokens']} trainable, {total['turns']} turns"]
+    if total["turns_without_logprobs"]:
+        lines.append(f"no logprobs: {total['turns_without_logprobs']} turns in {total['trajectories_without_logprobs']} "
+                     "trajectories (null in `logprobs`, `has_logprobs` false)")
     if stats["rejected"]:
         lines.append("left out: " + ", ".join(f"{n} {reason}" for reason, n in stats["rejected"].items()))
     chat = stats.get("chat")

@@ -4,6 +4,8 @@ One row per trajectory. `input_ids` is the trajectory's token sequence as captur
 sampled ids of every turn, never re-tokenised); `labels` repeats it with -100 wherever nothing is
 trained (the convention of Hugging Face's loss functions); `loss_mask` is 1 on sampled tokens;
 `logprobs` holds the sampling logprob there and 0.0 elsewhere. All four have the same length.
+A turn whose upstream gave no logprobs has null on its sampled span, never 0.0 (which would read
+as probability 1); `has_logprobs` is false on such a row and on the turn.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ _TURN = pa.struct([
     ("completion_end", pa.int32()),
     ("finish_reason", pa.string()),
     ("policy_version", pa.string()),
+    ("has_logprobs", pa.bool_()),
 ])
 SCHEMA = pa.schema([
     *IDENTITY_COLUMNS,
@@ -31,7 +34,8 @@ SCHEMA = pa.schema([
     ("input_ids", pa.list_(pa.int32())),
     ("labels", pa.list_(pa.int32())),
     ("loss_mask", pa.list_(pa.int8())),
-    ("logprobs", pa.list_(pa.float32())),
+    ("logprobs", pa.list_(pa.float32())),  # null on sampled tokens whose logprob was not captured
+    ("has_logprobs", pa.bool_()),  # every turn's logprobs were captured
     ("num_tokens", pa.int32()),
     ("num_trainable", pa.int32()),
     ("num_turns", pa.int32()),
@@ -52,12 +56,13 @@ def token_row(c: Candidate) -> dict[str, Any]:
         "labels": [tok if m else IGNORE_INDEX for tok, m in zip(t.token_ids, t.loss_mask)],
         "loss_mask": list(t.loss_mask),
         "logprobs": list(t.logprobs),
+        "has_logprobs": t.has_logprobs,
         "num_tokens": len(t.token_ids),
         "num_trainable": t.trainable_tokens,
         "num_turns": len(t.turns),
         "turns": [{"call_id": u.call_id, "prompt_start": u.prompt_start, "completion_start": u.completion_start,
                    "completion_end": u.completion_end, "finish_reason": u.finish_reason,
-                   "policy_version": u.policy_version} for u in t.turns],
+                   "policy_version": u.policy_version, "has_logprobs": u.has_logprobs} for u in t.turns],
         "truncated": t.truncated,
         "broken_prefix": t.broken_prefix,
         "parent_trajectory_id": t.lineage.parent_id if t.lineage else None,

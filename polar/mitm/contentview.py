@@ -2,8 +2,8 @@
 
 For a flow the gateway answered it shows the session, the trajectory the call belongs to
 (prefix-merge over the session's captures, as `polar trajectories` builds it), the answer, the
-sampled tokens with their logprobs (low-probability ones marked, and the lowest listed first) and
-the canonical request.
+sampled tokens with their logprobs (low-probability ones marked, and the lowest listed first;
+"no logprobs" when the upstream returned none, never invented numbers) and the canonical request.
 
 The data comes from the capture store, found by the row id the addon puts on the flow
 (`flow.metadata["polar"]`), not from the flow itself: the store is what trainers read, so the view
@@ -125,6 +125,10 @@ def _header(call: CapturedCall) -> list[str]:
         _field("", f"this call: [{turn.prompt_start}, {turn.completion_start}) new prompt, "
                    f"[{turn.completion_start}, {turn.completion_end}) sampled"),
     ]
+    if not traj.has_logprobs:  # null in the trajectory and its exports, never 0.0
+        which = "none for this call" if not turn.has_logprobs else "this call has them"
+        lines.append(_field("logprobs", f"{which}; {traj.turns_without_logprobs} of {len(traj.turns)} "
+                                        "turns without"))
     if traj.lineage is not None:
         lines.append(_field("fork of", f"{traj.lineage.parent_id} at token {traj.lineage.fork_position}"))
     if traj.prefix_break is not None:
@@ -166,28 +170,28 @@ def _indent(text: str) -> list[str]:
 
 def _tokens(row: dict[str, Any], tokenizer: Any, low_prob: float) -> list[str]:
     ids: list[int] = row.get("completion_ids") or []
-    logprobs: list[float] = row.get("completion_logprobs") or []
     if not ids:
         return [_section("sampled tokens"), "none"]
-    if len(logprobs) != len(ids):
-        logprobs = [math.nan] * len(ids)  # the upstream gave no logprobs: show the ids alone
+    logprobs = row.get("completion_logprobs")
+    if logprobs is None or len(logprobs) != len(ids):
+        logprobs = None  # the upstream gave none (or not one a token): the ids alone, never invented values
     pieces = _pieces(tokenizer, ids)
     cut = math.log(low_prob)
-    known = [lp for lp in logprobs if not math.isnan(lp)]
     lines = [_section("sampled tokens")]
-    if known:
-        low = sum(lp < cut for lp in known)
-        lines += [_field("count", f"{len(ids)}, mean logprob {sum(known) / len(known):.3f}"),
+    if logprobs is not None:
+        low = sum(lp < cut for lp in logprobs)
+        lines += [_field("count", f"{len(ids)}, mean logprob {sum(logprobs) / len(logprobs):.3f}"),
                   _field("low", f"{low} below p {low_prob:g} (logprob < {cut:.2f}), marked {LOW_MARK}")]
     else:
-        lines.append(_field("count", f"{len(ids)}, no logprobs captured"))
+        lines.append(_field("count", f"{len(ids)}, no logprobs (the upstream returned none)"))
     lines.append(_field("text", "decoded with the served model's tokenizer" if tokenizer is not None
                         else "ids only (no tokenizer: chat-template mode)"))
-    if known:
+    head = _table_head(pieces, logprobs is not None)
+    if logprobs is not None:
         lowest = sorted(range(len(ids)), key=lambda i: logprobs[i])[:LOWEST_SHOWN]
         lines += [" ", f"lowest probability first ({len(lowest)} of {len(ids)})",
-                  _table_head(pieces), *(_table_row(i, ids, pieces, logprobs, cut) for i in lowest)]
-    lines += [" ", "in order", _table_head(pieces), *(_table_row(i, ids, pieces, logprobs, cut) for i in range(len(ids)))]
+                  head, *(_table_row(i, ids, pieces, logprobs, cut) for i in lowest)]
+    lines += [" ", "in order", head, *(_table_row(i, ids, pieces, logprobs, cut) for i in range(len(ids)))]
     return lines
 
 
@@ -202,17 +206,19 @@ def _clip(text: str) -> str:
     return text if len(text) <= TOKEN_WIDTH else text[: TOKEN_WIDTH - 1] + "…"
 
 
-def _table_head(pieces: list[str] | None) -> str:
+def _table_head(pieces: list[str] | None, logprobs: bool) -> str:
     token = f"  {'token':<{TOKEN_WIDTH}}" if pieces is not None else ""
-    return f"{'':<{len(LOW_MARK)}} {'pos':>5}  {'id':>7}{token}  {'logprob':>7}  {'p':>5}"
+    values = f"  {'logprob':>7}  {'p':>5}" if logprobs else ""
+    return f"{'':<{len(LOW_MARK)}} {'pos':>5}  {'id':>7}{token}{values}".rstrip()
 
 
-def _table_row(i: int, ids: Sequence[int], pieces: list[str] | None, logprobs: Sequence[float], cut: float) -> str:
-    lp = logprobs[i]
+def _table_row(i: int, ids: Sequence[int], pieces: list[str] | None, logprobs: Sequence[float] | None,
+               cut: float) -> str:
+    lp = logprobs[i] if logprobs is not None else None
     # The mark goes in the left margin, where the eye scans down a long table.
-    mark = LOW_MARK if lp < cut else ""
+    mark = LOW_MARK if lp is not None and lp < cut else ""
     token = f"  {pieces[i]:<{TOKEN_WIDTH}}" if pieces is not None else ""
-    values = "" if math.isnan(lp) else f"  {lp:>7.3f}  {math.exp(lp):>5.3f}"
+    values = "" if lp is None else f"  {lp:>7.3f}  {math.exp(lp):>5.3f}"
     return f"{mark:<{len(LOW_MARK)}} {i:>5}  {ids[i]:>7}{token}{values}".rstrip()
 
 

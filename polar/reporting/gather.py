@@ -76,6 +76,11 @@ class SessionStats:
         return sum(len(t.turns) for t in self.trajectories)
 
     @property
+    def turns_without_logprobs(self) -> int:
+        """Turns whose upstream returned no logprobs (null in the trajectory, never 0.0)."""
+        return sum(t.turns_without_logprobs for t in self.trajectories)
+
+    @property
     def sampled_tokens(self) -> int:
         return sum(t.trainable_tokens for t in self.trajectories)
 

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 
 from polar.reporting import plots
 from polar.reporting.gather import RunData, SessionStats
+from polar.trajectories.model import Trajectory
 
 TABLE_ROWS = 200  # longer per-session tables are cut (the plots still cover every session)
 FOLD_ROWS = 20  # longer tables start folded (<details>: no script needed to open them)
@@ -89,6 +90,7 @@ def _summary(data: RunData) -> Section:
                  f"{_count(sum(t.broken_prefix for t in trajs), 'broken prefix', 'broken prefixes')}, "
                  f"{sum(t.truncated for t in trajs)} truncated, "
                  f"{sum(t.partial for t in trajs)} partial"])
+    rows.append(["logprobs", _logprobs_line(trajs)])
     tokens = (f"{sum(s.sampled_tokens for s in sessions):,} sampled (trainable), "
               f"{sum(s.context_tokens for s in sessions):,} context (masked)")
     if data.has_captures:
@@ -113,6 +115,16 @@ def _summary(data: RunData) -> Section:
         notes.append("Rollout state only: no failed calls, call latency or drift report "
                      "(give the capture DB with --db).")
     return Section("summary", "Summary", notes=notes, tables=[Table("run", [], rows, kv=True)])
+
+
+def _logprobs_line(trajs: list[Trajectory]) -> str:
+    turns = sum(len(t.turns) for t in trajs)
+    missing = sum(t.turns_without_logprobs for t in trajs)
+    if not missing:
+        return f"captured for every turn ({turns})"
+    hit = sum(not t.has_logprobs for t in trajs)
+    return (f"{missing} of {turns} turns without logprobs (the upstream returned none: null in the trajectories and "
+            f"exports, never 0.0), in {_count(hit, 'trajectory', 'trajectories')}")
 
 
 def _rewards(data: RunData) -> Section:
@@ -156,11 +168,16 @@ def _tokens(data: RunData) -> Section:
     header = ["session", "task", "harness", "turns", "sampled tokens", "context tokens"]
     if data.has_captures:
         header += ["calls captured", "failed calls", "prompt tokens sent"]
+    no_logprobs = any(s.turns_without_logprobs for s in data.sessions)  # the column only when it says something
+    if no_logprobs:
+        header.append("turns without logprobs")
     rows = []
     for s in data.sessions:
         row = [s.session_id, s.task_id or "–", s.harness or "–", s.turns, s.sampled_tokens, s.context_tokens]
         if data.has_captures:
             row += [s.calls or 0, s.failed_calls or 0, s.prompt_tokens_sent or 0]
+        if no_logprobs:
+            row.append(s.turns_without_logprobs)
         rows.append(row)
     section.tables = [Table.of("per session", header, rows)]
     if not rows:

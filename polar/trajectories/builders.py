@@ -72,11 +72,16 @@ class _Sample:
     def id(self) -> int:
         return self.row["id"]
 
-    def logprobs(self) -> tuple[list[float], bool]:
-        values = self.row.get("completion_logprobs") or []
-        if len(values) == len(self.completion):
-            return list(values), True
-        return [0.0] * len(self.completion), False
+    @property
+    def has_logprobs(self) -> bool:
+        # None (not captured) or a partial list: the whole span counts as missing, never padded.
+        values = self.row.get("completion_logprobs")
+        return len(values or []) == len(self.completion)
+
+    def logprobs(self) -> list[float | None]:
+        if self.has_logprobs:
+            return list(self.row.get("completion_logprobs") or [])
+        return [None] * len(self.completion)
 
 
 def _turn(sample: _Sample, prompt_start: int) -> Turn:
@@ -90,7 +95,7 @@ def _turn(sample: _Sample, prompt_start: int) -> Turn:
         finish_reason=row.get("finish_reason"),
         prompt_mode=row.get("prompt_mode"),
         policy_version=row.get("policy_version"),
-        has_logprobs=sample.logprobs()[1],
+        has_logprobs=sample.has_logprobs,
     )
 
 
@@ -125,7 +130,8 @@ class _Open:
         return index if index >= 0 else None
 
     def finish(self, builder: str) -> Trajectory:
-        chunks, mask, logprobs, turns = [], [], [], []
+        chunks, mask, turns = [], [], []
+        logprobs: list[float | None] = []
         pos = 0
         first = self.samples[0]
         if self.start:  # the inherited prefix: context here, trained in the parent
@@ -133,7 +139,7 @@ class _Open:
             pos = self.start
         for sample in self.samples:
             context = sample.prompt[pos:]
-            values, _ = sample.logprobs()
+            values = sample.logprobs()
             chunks += [context, sample.completion]
             turns.append(_turn(sample, pos))
             logprobs += [0.0] * len(context) + values
@@ -357,4 +363,5 @@ def summary(rows: list[dict[str, Any]], trajectories: list[Trajectory]) -> dict[
         "failed": sum(map(is_failed, rows)),
         "trajectories": len(trajectories),
         "trainable_tokens": sum(t.trainable_tokens for t in trajectories),
+        "turns_without_logprobs": sum(t.turns_without_logprobs for t in trajectories),
     }

@@ -4,7 +4,9 @@ A trajectory is one token sequence with a loss mask. Every position is either *s
 policy produced it: `loss_mask` 1, `logprobs` the sampling logprob) or *context* (system prompt,
 user and tool messages, template glue, or a prefix inherited from a parent trajectory:
 `loss_mask` 0, `logprobs` 0.0). Masked positions hold 0.0 rather than null so the three arrays
-load as dense tensors of one length.
+load as dense tensors of one length. A call whose upstream gave no logprobs holds None on its
+sampled span (its turn says `has_logprobs=False`): an invented 0.0 would read as probability 1 to
+an importance-sampling trainer, so such spans stay visibly missing.
 
 `turns` cut the sequence into the calls that built it. Call i saw `token_ids[:turns[i].completion_start]`
 as its prompt; of that, `[prompt_start, completion_start)` is what the trajectory added before it
@@ -39,7 +41,7 @@ class Turn(_Model):
     finish_reason: str | None = None
     prompt_mode: str | None = None  # how the gateway built this call's prompt
     policy_version: str | None = None
-    has_logprobs: bool = True  # False: the upstream gave no logprobs; the span holds 0.0
+    has_logprobs: bool = True  # False: the upstream gave no logprobs; the span holds None
 
     @property
     def truncated(self) -> bool:
@@ -80,7 +82,7 @@ class Trajectory(_Model):
     lineage: Lineage | None = None
     token_ids: list[int]
     loss_mask: list[int]  # 1 on sampled tokens, 0 elsewhere
-    logprobs: list[float]  # sampling logprob on sampled tokens, 0.0 elsewhere
+    logprobs: list[float | None]  # sampling logprob on sampled tokens (None: not captured), 0.0 elsewhere
     turns: list[Turn]
     reward: float | None = None  # set by an evaluator
     step_rewards: list[float | None] | None = None  # optional, one per turn
@@ -104,6 +106,19 @@ class Trajectory(_Model):
     @property
     def trainable_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def has_logprobs(self) -> bool:
+        """Every sampled turn carries its logprobs."""
+        return all(t.has_logprobs for t in self.turns)
+
+    @property
+    def turns_without_logprobs(self) -> int:
+        return sum(not t.has_logprobs for t in self.turns)
+
+    def sampled_logprobs(self) -> list[float]:
+        """The captured logprobs of sampled tokens, in order; tokens without one are left out."""
+        return [lp for lp, m in zip(self.logprobs, self.loss_mask) if m and lp is not None]
 
     def sampled_ids(self) -> list[int]:
         """The sampled tokens in order (what the loss is computed on)."""

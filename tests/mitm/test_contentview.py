@@ -153,6 +153,29 @@ def test_other_flows_are_refused_with_a_reason(tmp_path):
     store.close()
 
 
+def test_a_call_without_logprobs_says_so_instead_of_numbers(tmp_path):
+    store = Recorder(tmp_path / "c.db")
+    result = {"id": "x", "model": "tiny", "created": 0, "content": "Hi", "finish_reason": "stop",
+              "usage": {"prompt_tokens": 3, "completion_tokens": 2}, "prompt_mode": "chat-template"}
+    first = _capture(store, "s", [1, 2, 3], [10, 11], [-0.5, -3.0], result)
+    bare = store.call("s", [1, 2, 3, 10, 11, 4], [12, 13], messages=[{"role": "user", "content": [{"text": "hi"}]}],
+                      result=result, provider="openai_chat", no_logprobs=True)
+    view = PolarContentview(lambda: _Gateway(store), low_prob=0.1)
+
+    lines = _show(view, _flow({"row": bare, "call_id": f"c{bare:04d}"})).text.splitlines()
+    assert "logprobs    none for this call; 1 of 2 turns without" in lines
+    assert "count       2, no logprobs (the upstream returned none)" in lines
+    assert not any("mean logprob" in line or "lowest probability" in line or LOW_MARK in line for line in lines)
+    in_order = lines.index("in order")
+    assert lines[in_order + 1].split() == ["pos", "id"]  # no logprob or p column to leave empty
+    assert [line.split() for line in lines[in_order + 2 : in_order + 4]] == [["0", "12"], ["1", "13"]]
+
+    lines = _show(view, _flow({"row": first, "call_id": f"c{first:04d}"})).text.splitlines()
+    assert "logprobs    this call has them; 1 of 2 turns without" in lines
+    assert "count       2, mean logprob -1.750" in lines
+    store.close()
+
+
 def test_failed_call_shows_the_error_and_no_trajectory(tmp_path):
     store = Recorder(tmp_path / "c.db")
     row_id = store.fail("s", error="vLLM answered 500", provider="anthropic")

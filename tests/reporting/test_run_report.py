@@ -261,6 +261,38 @@ def test_large_run_plots_distributions(large_run, tmp_path):
     assert summary["outcomes"] == f"ok {n - n // 5} · timeout {n // 5}"  # every fifth session timed out
 
 
+def test_turns_without_logprobs_are_reported(tmp_path):
+    rec = Recorder(tmp_path / "captures.db")
+    try:
+        prompt = list(range(1, 41))
+        rec.call("agent", prompt, [100, 101], conversation("fix it", 0))
+        rec.call("agent", prompt + [100, 101, 50], [200, 201], conversation("fix it", 1), no_logprobs=True)
+        rec.call("solo", [5, 6, 7, 8], [9, 10], conversation("other", 0))
+    finally:
+        rec.close()
+    out = tmp_path / "report.html"
+    code, output = run_report("--db", str(rec.path), "--out", str(out))
+    assert code == 0, output
+    html = out.read_text()
+    summary = dict(re.findall(r"<tr>\s*<th>([^<]+)</th>\s*<td>([^<]+)</td>", html))
+    assert summary["logprobs"].startswith("1 of 3 turns without logprobs (the upstream returned none")
+    assert summary["logprobs"].endswith("in 1 trajectory")
+    tokens = re.search(r'id="tokens".*?</table>', html, re.S).group(0)
+    head = re.findall(r"<th>([^<]+)</th>", tokens)
+    body = [re.findall(r"<td[^>]*>([^<]+)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", tokens, re.S)[1:]]
+    assert {r[0]: r[head.index("turns without logprobs")] for r in body} == {"agent": "1", "solo": "0"}
+
+    complete = tmp_path / "complete.db"
+    rec = Recorder(complete)
+    try:
+        rec.call("solo", [5, 6, 7, 8], [9, 10], conversation("other", 0))
+    finally:
+        rec.close()
+    code, output = run_report("--db", str(complete), "--out", str(out))
+    html = out.read_text()
+    assert code == 0 and "captured for every turn (1)" in html and "turns without logprobs" not in html
+
+
 # -- bad input ------------------------------------------------------------------------------------------
 
 

@@ -35,13 +35,16 @@ def _assert_every_sample_once(rows, trajectories):
 
 
 def _assert_aligned(traj, rows_by_id):
-    """Sampled spans hold exactly the captured ids and logprobs; everything else is masked at 0.0."""
+    """Sampled spans hold exactly the captured ids and logprobs (None where none were captured);
+    everything else is masked at 0.0."""
     mask = [0] * len(traj.token_ids)
     for turn in traj.turns:
         row = rows_by_id[turn.row_id]
         assert traj.token_ids[: turn.completion_start] == row["prompt_ids"]
         assert traj.token_ids[turn.completion_start : turn.completion_end] == row["completion_ids"]
-        assert traj.logprobs[turn.completion_start : turn.completion_end] == row["completion_logprobs"]
+        n = turn.completion_end - turn.completion_start
+        assert traj.logprobs[turn.completion_start : turn.completion_end] == (row["completion_logprobs"] or [None] * n)
+        assert turn.has_logprobs == (row["completion_logprobs"] is not None)
         mask[turn.completion_start : turn.completion_end] = [1] * (turn.completion_end - turn.completion_start)
     assert traj.loss_mask == mask
     assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask) if not m)
@@ -76,7 +79,8 @@ def test_per_request_gives_one_row_per_sample(recorder):
         assert traj.token_ids == by_id[turn.row_id]["prompt_ids"] + by_id[turn.row_id]["completion_ids"]
         _assert_aligned(traj, by_id)
     counts = summary(rows, per_call)
-    assert counts == {"sessions": 1, "calls": 5, "samples": 3, "failed": 1, "trajectories": 3, "trainable_tokens": 12}
+    assert counts == {"sessions": 1, "calls": 5, "samples": 3, "failed": 1, "trajectories": 3, "trainable_tokens": 12,
+                      "turns_without_logprobs": 0}
 
 
 def test_interleaved_sub_agent_becomes_its_own_lineage(recorder):
@@ -217,10 +221,34 @@ def test_failed_continuation_marks_partial_but_a_retry_heals_it(recorder):
     assert summary(rows, [healed, cut])["failed"] == 3
 
 
-def test_missing_logprobs_are_marked_not_invented(recorder):
+def test_missing_logprobs_are_none_on_exactly_that_span(recorder):
+    """One call among normal ones came back without logprobs (NULL in the store): its sampled span
+    holds None, never 0.0; the other turns keep theirs, the prompt positions stay 0.0."""
+    p1 = SYSTEM + [1]
+    recorder.call("s", p1, [11, 2], conversation("t", 0))
+    recorder.call("s", p1 + [11, 2, 3], [12, 13, 2], conversation("t", 1), no_logprobs=True)
+    recorder.call("s", p1 + [11, 2, 3, 12, 13, 2, 4], [14, 2], conversation("t", 2))
+    recorder.call("ok", p1, [11, 2], conversation("t", 0))
+    rows = recorder.rows()
+    assert [r["completion_logprobs"] is None for r in rows] == [False, True, False, False]
+    traj, fine = prefix_merge(rows)
+    assert [t.has_logprobs for t in traj.turns] == [True, False, True] and not traj.has_logprobs
+    assert traj.turns_without_logprobs == 1 and fine.has_logprobs and fine.turns_without_logprobs == 0
+    missing = traj.turns[1]
+    assert [i for i, lp in enumerate(traj.logprobs) if lp is None] == list(range(missing.completion_start,
+                                                                                 missing.completion_end))
+    assert traj.loss_mask[missing.completion_start:missing.completion_end] == [1, 1, 1]
+    _assert_aligned(traj, {r["id"]: r for r in rows})
+    assert traj.sampled_logprobs() == rows[0]["completion_logprobs"] + rows[2]["completion_logprobs"]
+    assert summary(rows, [traj, fine])["turns_without_logprobs"] == 1
+    (lone,) = [t for t in per_request(rows) if not t.has_logprobs]
+    assert lone.turns[0].row_id == rows[1]["id"] and lone.logprobs[-3:] == [None] * 3
+
+
+def test_a_partial_logprob_list_counts_as_missing(recorder):
     recorder.call("s", SYSTEM, [11, 2], conversation("t", 0), logprobs=[])
     (traj,) = prefix_merge(recorder.rows())
-    assert not traj.turns[0].has_logprobs and traj.logprobs[-2:] == [0.0, 0.0] and traj.loss_mask[-2:] == [1, 1]
+    assert not traj.turns[0].has_logprobs and traj.logprobs[-2:] == [None, None] and traj.loss_mask[-2:] == [1, 1]
 
 
 def test_policy_version_when_turns_agree(recorder):

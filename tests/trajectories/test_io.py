@@ -67,6 +67,22 @@ def test_parquet_reads_with_pyarrow_alone(recorder, tmp_path):
     assert rows[0]["logprobs"] == trajs[0].logprobs
 
 
+def test_missing_logprobs_round_trip_as_nulls(recorder, tmp_path):
+    p1 = SYSTEM + [1]
+    recorder.call("s", p1, [11, 2], conversation("t", 0))
+    recorder.call("s", p1 + [11, 2, 3], [12, 2], conversation("t", 1), no_logprobs=True)
+    (traj,) = prefix_merge(recorder.rows())
+    assert traj.logprobs[-2:] == [None, None] and not traj.has_logprobs
+    for name in ("t.jsonl", "t.parquet"):
+        write([traj], tmp_path / name)
+        (back,) = read(tmp_path / name)
+        assert back == traj and back.logprobs[-2:] == [None, None] and not back.has_logprobs
+    assert json.loads((tmp_path / "t.jsonl").read_text())["logprobs"][-2:] == [None, None]
+    (row,) = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert row["logprobs"][-2:] == [None, None] and row["logprobs"][-5:-3] == traj.logprobs[-5:-3]
+    assert [t["has_logprobs"] for t in row["turns"]] == [True, False]
+
+
 def test_write_and_read_by_suffix(recorder, tmp_path):
     trajs = _session(recorder)
     for name in ("a.jsonl", "a.parquet"):
