@@ -67,6 +67,16 @@ FAILURE_CLASS = {"error": "transient", "stale": "skipped", "cancelled": "skipped
 # A session that ended without a reward: a failure too, never a real 0.0 (it would bias the group's
 # advantages and the reward means).
 NO_REWARD_CLASS = "transient"
+# A trajectory some of whose calls came back without logprobs: NeMo RL needs generation_log_probs for
+# every sampled token, and polar never invents them, so the rollout is a failure with the reason.
+NO_LOGPROBS_CLASS = "transient"
+
+
+def no_logprobs_error(trajectory: Trajectory | None) -> str | None:
+    if trajectory is None or trajectory.has_logprobs:
+        return None
+    return (f"the upstream returned no logprobs for {trajectory.turns_without_logprobs} of the trajectory's "
+            f"{len(trajectory.turns)} calls: nothing to train on (polar never invents them)")
 
 
 class PolarAgentConfig(BaseResponsesAPIAgentConfig):
@@ -167,10 +177,13 @@ def training_items(trajectory: Trajectory, decode: Decode) -> list[NeMoGymRespon
 def to_response(result: SessionResult, params: NeMoGymResponseCreateParamsNonStreaming,
                 decode: Decode) -> NeMoGymResponse:
     trajectory = main_trajectory(result)
-    items: list[Any] = training_items(trajectory, decode) if trajectory else []
-    if not items:  # nothing sampled (the harness failed first): say why, with nothing to train on
+    missing = no_logprobs_error(trajectory)
+    items: list[Any] = training_items(trajectory, decode) if trajectory and not missing else []
+    if not items:  # nothing to train on (the harness failed first, or no logprobs): say why
         note = f"polar session {result.session_id} ended '{result.outcome}' without a model call"
         note += f": {result.error}" if result.error else ""
+        if missing:
+            note = f"polar session {result.session_id}: {missing}"
         items = [NeMoGymResponseOutputMessage(id=f"msg_{result.session_id}",
                                               content=[NeMoGymResponseOutputText(text=note, annotations=[])])]
     prompt_tokens = sum(len(i.prompt_token_ids) for i in items if hasattr(i, "prompt_token_ids"))
@@ -202,6 +215,8 @@ def verify_response(row: PolarRunRequest, result: SessionResult, decode: Decode)
     error = result.error
     if result.reward is None and error is None:
         error = f"polar session ended '{result.outcome}' without a reward"
+    if (missing := no_logprobs_error(trajectory)) is not None:
+        failure, error = failure or NO_LOGPROBS_CLASS, error or missing
     payload = PolarVerifyResponse.model_validate({
         **row.model_dump(mode="json"),
         "response": to_response(result, row.responses_create_params, decode).model_dump(mode="json"),

@@ -49,6 +49,8 @@ def trajectories(db, builder, out, fmt, session, drift, drift_json, tokenizer_di
         f"{counts['sessions']} sessions, {counts['calls']} calls ({counts['samples']} sampled, "
         f"{counts['failed']} failed), {counts['trajectories']} {builder} trajectories, "
         f"{counts['trainable_tokens']} trainable tokens"
+        + (f"; {counts['turns_without_logprobs']} turns without logprobs (null, never 0.0)"
+           if counts.get("turns_without_logprobs") else "")
     )
 
 

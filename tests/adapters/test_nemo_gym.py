@@ -260,7 +260,8 @@ def test_a_missing_reward_is_a_failure_not_zero(nemo_gym_venv):
     cases = {"scored_zero": {"outcome": "ok", "reward": 0.0},
              "unscored": {"outcome": "ok"},
              "unscored_timeout": {"outcome": "timeout", "partial": True},
-             "evaluator_failed": {"outcome": "error", "error": "evaluator swe: boom"}}
+             "evaluator_failed": {"outcome": "error", "error": "evaluator swe: boom"},
+             "no_logprobs": {"outcome": "ok", "reward": 1.0, "trajectories": [_trajectory_without_logprobs()]}}
     env = {**nemo_gym_env(nemo_gym_venv), "PYTHONPATH": str(REPO)}  # this checkout's adapter
     done = subprocess.run([str(nemo_gym_venv / "bin" / "python"), "-c", VERIFY, json.dumps(cases)], env=env,
                           capture_output=True, text=True, timeout=120, check=False)
@@ -271,3 +272,16 @@ def test_a_missing_reward_is_a_failure_not_zero(nemo_gym_venv):
         assert got[name]["reward"] is None and got[name]["_ng_failure_class"] == "transient", got[name]
     assert "without a reward" in got["unscored"]["polar_error"]
     assert got["evaluator_failed"]["polar_error"] == "evaluator swe: boom"
+    # A trajectory whose calls came back without logprobs: a failure with the reason, never invented numbers.
+    no_lp = got["no_logprobs"]
+    assert no_lp["_ng_failure_class"] == "transient" and "no logprobs for 1 of the trajectory's 2 calls" in no_lp["polar_error"]
+    (note,) = no_lp["response"]["output"]
+    assert "generation_log_probs" not in note and "nothing to train on" in note["content"][0]["text"]
+
+
+def _trajectory_without_logprobs() -> dict:
+    turns = [{"row_id": 1, "call_id": "a", "prompt_start": 0, "completion_start": 2, "completion_end": 4},
+             {"row_id": 2, "call_id": "b", "prompt_start": 0, "completion_start": 5, "completion_end": 7,
+              "has_logprobs": False}]
+    return {"id": "s#1", "builder": "prefix-merge", "session_id": "s", "token_ids": [1, 2, 3, 4, 5, 6, 7],
+            "loss_mask": [0, 0, 1, 1, 0, 1, 1], "logprobs": [0.0, 0.0, -0.5, -0.25, 0.0, None, None], "turns": turns}
