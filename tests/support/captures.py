@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -91,4 +92,6 @@ class Recorder:
             row_id = await self.writer.start(start)
             return await self.writer.finish(row_id, start, end)
 
-        return asyncio.run(both())
+        # A thread of its own: a test may run while another loop runs in this one (Playwright's sync API).
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, both()).result()
