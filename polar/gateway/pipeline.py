@@ -23,6 +23,7 @@ from typing import Any
 from polar.canonical import ChatRequest, ChatResult
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages
+from polar.capture.tokens import as_ids
 from polar.capture.writer import CaptureError, CaptureWriter
 from polar.errors import GatewayError
 from polar.gateway.body import decode_json
@@ -190,7 +191,8 @@ class Gateway:
             result = await self.backend.complete(request, call.call_id, view)
             state.t_upstream = time.time() - t_up
         state.result = result
-        state.lineage = session.lineage(result.prompt_token_ids)
+        state.prompt = as_ids(result.prompt_token_ids)  # converted once: lineage, token columns, turn
+        state.lineage = session.lineage(state.prompt)
         return route.provider.render(route, parsed.context, request, result)
 
     def _remember(self, session: str, row_id: int, state: _Call, end: CallEnd) -> None:
@@ -199,7 +201,7 @@ class Gateway:
             messages = list(zip(end.canonical["messages"], end.message_refs))
         turn = None
         if state.result is not None and state.request is not None and end.status == "ok":
-            turn = new_turn(row_id, state.request, state.keys, state.result)
+            turn = new_turn(row_id, state.request, state.keys, state.result, state.prompt)
         self.states.record(session, turn, messages)
 
     def _parse(self, req: GatewayRequest, route: Route) -> Parsed:
@@ -236,6 +238,7 @@ class _Call:
     keys: list[str] = field(default_factory=list)
     session_messages: list = field(default_factory=list)
     lineage: Any = None
+    prompt: Any = None  # the prompt ids as a uint32 array
     t_upstream: float | None = None
     rewrites: list[str] = field(default_factory=list)  # what polar changed in the request, and why
 
@@ -255,5 +258,5 @@ class _Call:
         end.finish_reason = result.finish_reason
         end.policy_version = gate.version(result.policy_version)
         end.prompt_mode = result.prompt_mode
-        end.tokens = TokenRecord(result.prompt_token_ids, result.completion_token_ids, result.completion_logprobs,
+        end.tokens = TokenRecord(self.prompt, result.completion_token_ids, result.completion_logprobs,
                                  self.lineage)

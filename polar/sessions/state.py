@@ -111,10 +111,12 @@ class SessionView:
         return self.state.extension(request, self.keys)
 
 
-def new_turn(row: int, request: ChatRequest, keys: list[str], result: ChatResult) -> Turn:
+def new_turn(row: int, request: ChatRequest, keys: list[str], result: ChatResult, prompt=None) -> Turn:
+    """`prompt`: the prompt ids already as an array (the gateway converts them once per call)."""
+    prompt = as_ids(result.prompt_token_ids if prompt is None else prompt)
     return Turn(
         row=row,
-        ids=np.concatenate([as_ids(result.prompt_token_ids), as_ids(result.completion_token_ids)]),
+        ids=np.concatenate([prompt, as_ids(result.completion_token_ids)]),
         prompt_len=len(result.prompt_token_ids),
         context_key=request_context_key(request),
         message_keys=keys,

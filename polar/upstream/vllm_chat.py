@@ -8,6 +8,7 @@ fault it was, so each provider can answer in its own error shape.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from pathlib import Path
@@ -57,10 +58,14 @@ class VLLMChat:
                 raise GatewayError("upstream_error", "the upstream's /v1/models lists no model") from None
         return self._model
 
-    def template_traits(self) -> TemplateTraits | None:
+    @functools.cached_property
+    def _traits(self) -> TemplateTraits | None:
         if not self.chat_template:
             return None
         return TemplateTraits.of(Path(self.chat_template).read_text(), Path(self.chat_template).stem)
+
+    def template_traits(self) -> TemplateTraits | None:
+        return self._traits  # read and probed once, not per request
 
     # -- calls -----------------------------------------------------------------------------
 
