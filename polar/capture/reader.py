@@ -11,12 +11,12 @@ import json
 import sqlite3
 import zlib
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from polar.capture import schema
 from polar.capture.tokens import unpack_ids, unpack_logprobs
 from polar.sqlite_files import open_readonly
 
@@ -36,23 +36,15 @@ class CaptureReader:
         conn.row_factory = sqlite3.Row
         return conn
 
-    def key_salt(self) -> bytes:
-        with _closing(self.connect()) as conn:
-            return schema.secret(conn, "key_salt")
-
     def prompt_ids(self, row_id: int, conn: sqlite3.Connection | None = None, memo: dict | None = None) -> list[int]:
         """A call's full prompt, following its parent references. `memo` maps row id → that row's
         prompt+completion, so reading a whole session resolves each row once."""
         if conn is None:
-            with _closing(self.connect()) as own:
+            with closing(self.connect()) as own:
                 return self.prompt_ids(row_id, own, memo)
         seq = self._sequence(conn, row_id, {} if memo is None else memo)
         (completion,) = conn.execute("SELECT completion_len FROM calls WHERE id=?", (row_id,)).fetchone()
         return seq[: len(seq) - (completion or 0)].tolist()
-
-    def sequence(self, row_id: int, conn: sqlite3.Connection, memo: dict) -> np.ndarray:
-        """A call's prompt + sampled ids, as one uint32 array."""
-        return self._sequence(conn, row_id, memo)
 
     @staticmethod
     def _sequence(conn: sqlite3.Connection, row_id: int, memo: dict) -> np.ndarray:
@@ -75,7 +67,7 @@ class CaptureReader:
 
     def find_call(self, call_id: str, session: str) -> dict[str, Any] | None:
         """A finished call by its public id, only within the asking session."""
-        with _closing(self.connect()) as conn:
+        with closing(self.connect()) as conn:
             row = conn.execute(
                 "SELECT * FROM calls WHERE call_id=? AND session_id=? AND status='ok'", (call_id, session)
             ).fetchone()
@@ -83,7 +75,7 @@ class CaptureReader:
 
     def recent_calls(self, session: str, limit: int) -> list[dict[str, Any]]:
         """A session's last `limit` completed calls with tokens, oldest first, token columns decoded."""
-        with _closing(self.connect()) as conn:
+        with closing(self.connect()) as conn:
             rows = conn.execute(
                 "SELECT * FROM calls WHERE session_id=? AND status='ok' AND completion_ids IS NOT NULL "
                 "ORDER BY id DESC LIMIT ?", (session, limit),
@@ -92,7 +84,7 @@ class CaptureReader:
 
     def calls(self, session: str | None = None, with_tokens: bool = True) -> Iterator[dict[str, Any]]:
         """Rows as dicts, oldest first."""
-        with _closing(self.connect()) as conn:
+        with closing(self.connect()) as conn:
             sql = "SELECT * FROM calls" + (" WHERE session_id=?" if session else "") + " ORDER BY id"
             messages: dict[str, Any] = {}
             memo: dict[int, np.ndarray] = {}
@@ -126,14 +118,3 @@ def decode_row(conn: sqlite3.Connection, row: sqlite3.Row, messages: dict[str, A
                 messages[digest] = json.loads(body)
         canonical["messages"] = [messages[h] for h in refs]
     return out
-
-
-class _closing:
-    def __init__(self, conn: sqlite3.Connection):
-        self.conn = conn
-
-    def __enter__(self) -> sqlite3.Connection:
-        return self.conn
-
-    def __exit__(self, *exc) -> None:
-        self.conn.close()

@@ -185,7 +185,7 @@ class Gateway:
         session = await self.states.get(ident.session)  # rebuilt from the database off the loop when needed
         state.session_messages = session.messages
         state.keys = [message_fingerprint(m) for m in request.messages]
-        view = SessionView(ident.session, session, state.keys)
+        view = SessionView(session, state.keys)
         async with self.gate.sampling():
             t_up = time.time()
             result = await self.backend.complete(request, call.call_id, view)

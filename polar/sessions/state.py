@@ -103,7 +103,6 @@ class SessionState:
 class SessionView:
     """What a backend sees of the session a call belongs to."""
 
-    name: str
     state: SessionState
     keys: list[str]  # fingerprints of this request's messages, computed once
 
