@@ -8,6 +8,7 @@ share one pipeline, one capture schema and one token-faithful prompt builder.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -161,3 +162,36 @@ class ChatResult(_Model):
     prompt_mode: str = "chat-template"
     # Tool calls the model wrote that could not be parsed (kept in `content`, reported here).
     malformed: list[str] = Field(default_factory=list)
+
+
+# -- streaming: one sampled turn as it is produced, piece by piece -----------------------------
+# Plain slotted dataclasses, not pydantic: one is made per sampled token on the streaming hot path.
+
+
+@dataclass(slots=True)
+class ReasoningDelta:
+    """More reasoning text."""
+
+    text: str
+
+
+@dataclass(slots=True)
+class TextDelta:
+    """More answer text."""
+
+    text: str
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """A piece of tool call number `index` (0, 1, … in the order the model wrote them). Its first piece
+    carries `id` and `name`; the `arguments` of its pieces concatenate to the call's arguments JSON text.
+    A call known only once complete (token-faithful parsing) arrives as one piece with everything."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+
+Delta = ReasoningDelta | TextDelta | ToolCallDelta
