@@ -186,12 +186,14 @@ class TextDelta:
 class ToolCallDelta:
     """A piece of tool call number `index` (0, 1, … in the order the model wrote them). Its first piece
     carries `id` and `name`; the `arguments` of its pieces concatenate to the call's arguments JSON text.
-    A call known only once complete (token-faithful parsing) arrives as one piece with everything."""
+    A call known only once complete (token-faithful parsing) arrives as one piece with everything and
+    `complete` set, so a client can act on it at once; otherwise a call ends where the next one starts."""
 
     index: int
     arguments: str = ""
     id: str | None = None
     name: str | None = None
+    complete: bool = False
 
 
 Delta = ReasoningDelta | TextDelta | ToolCallDelta
