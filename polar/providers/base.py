@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 from polar.canonical import ChatRequest, ChatResult, ToolCall
 from polar.errors import STATUS, GatewayError
 from polar.providers.reasoning_seal import Sealer
+from polar.providers.stream import StreamRenderer
 
 Endpoint = Literal["generate", "count_tokens"]
 
@@ -82,6 +83,14 @@ class Provider[Ctx]:
         """Canonical result → the provider's response, as an SSE stream when `request.stream`."""
         raise NotImplementedError
 
+    def stream_renderer(self, route: Route, context: Ctx, request: ChatRequest, call_id: str) -> StreamRenderer:
+        """A live stream of the answer to `request` (ids derived from `call_id`, as `render` derives them)."""
+        raise NotImplementedError
+
+    def stream_headers(self) -> dict[str, str]:
+        """Headers of a live stream's answer besides its content type."""
+        return {}
+
     def render_count(self, route: Route, input_tokens: int) -> HttpReply:
         """The answer to a count-tokens call."""
         raise NotImplementedError
@@ -123,3 +132,8 @@ def arguments_object(call: ToolCall) -> dict[str, Any]:
     anything that is not a JSON object is handed over raw, as {"_raw": text}."""
     value = call.arguments_obj()
     return value if isinstance(value, dict) else {"_raw": call.arguments}
+
+
+def object_of(arguments: str) -> dict[str, Any]:
+    """`arguments_object` for arguments given as text (a streamed call)."""
+    return arguments_object(ToolCall(id="", name="", arguments=arguments))

@@ -256,7 +256,7 @@ def test_streamed_raw_events(name: str) -> None:
         if block["type"] == "text":
             assert opened[0].content_block.text == ""
             assert "".join(d.text for d in deltas) == block["text"]
-            assert [d.text for d in deltas] == pieces(block["text"], 64)  # word-sized, at most 64 chars
+            assert [d.text for d in deltas] == pieces(block["text"], 16)  # one delta per streamed piece
         elif block["type"] == "tool_use":
             assert opened[0].content_block.input == {} and opened[0].content_block.id == block["id"]
             assert deltas[0].partial_json == "" and all(d.type == "input_json_delta" for d in deltas)

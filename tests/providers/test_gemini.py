@@ -202,9 +202,12 @@ def test_parallel_function_calls(client, backend, stream):
     assert "".join(p.text for p in parts if p.text) == "Checking both."
     calls = [(p.function_call.id, p.function_call.args) for p in parts if p.function_call]
     assert calls == [("call_p1", {"city": "Paris"}), ("call_p2", {"city": "東京"})]
-    if stream:  # the calls travel whole, together, in the last chunk with the finish reason
+    if stream:  # each call travels whole, in a chunk of its own as soon as it is complete; the last has the finish
+        chunks_with_calls = [[p.function_call.id for p in r.candidates[0].content.parts if p.function_call]
+                             for r in responses if any(p.function_call for p in r.candidates[0].content.parts or [])]
+        assert chunks_with_calls == [["call_p1"], ["call_p2"]]
         last = responses[-1].candidates[0]
-        assert [p.function_call.id for p in last.content.parts] == ["call_p1", "call_p2"]
+        assert [p.function_call.id for p in last.content.parts] == ["call_p2"]
         assert last.finish_reason == types.FinishReason.STOP
 
 
@@ -366,7 +369,7 @@ def test_stream_without_alt_sse_is_a_json_array():
     reply = provider.render(route, parsed.context, parsed.request, PARALLEL)
     assert reply.headers["content-type"] == "application/json"
     chunks = json.loads(reply.body)
-    assert [c["candidates"][0].get("finishReason") for c in chunks] == [None, "STOP"]
+    assert [c["candidates"][0].get("finishReason") for c in chunks] == [None, None, "STOP"]  # text, call, call
     assert chunks[1]["candidates"][0]["content"]["parts"][0]["functionCall"]["name"] == "get_weather"
 
 

@@ -1,22 +1,33 @@
-"""Canonical result → an Anthropic Message, or the exact SSE event sequence that streams one.
+"""Canonical result → an Anthropic Message (the JSON answer), its stop reason, usage and error objects.
 
-The stream is derived from the same content blocks as the non-streamed answer, so both shapes
-always agree.
+The live stream (stream.py) shares these, so both shapes always agree.
 """
 
 from __future__ import annotations
 
-import json
-
 from polar.canonical import ChatRequest, ChatResult, Reasoning
+from polar.errors import GatewayError
 from polar.providers.anthropic.parse import AnthropicContext
 from polar.providers.base import arguments_object
 from polar.providers.reasoning_seal import Sealer
-from polar.providers.stream import pieces, sse_event
 
-# Longest streamed delta: small enough that clients really accumulate several deltas.
-_TEXT_CHUNK = 64
-_JSON_CHUNK = 32
+# kind -> (Anthropic error type, status). Overloaded is 529 on this API, not 503.
+ERRORS: dict[str, tuple[str, int]] = {
+    "invalid_request": ("invalid_request_error", 400),
+    "context_length": ("invalid_request_error", 400),
+    "authentication": ("authentication_error", 401),
+    "permission": ("permission_error", 403),
+    "not_found": ("not_found_error", 404),
+    "too_large": ("request_too_large", 413),
+    "rate_limit": ("rate_limit_error", 429),
+    "upstream_unavailable": ("overloaded_error", 529),
+    "upstream_timeout": ("timeout_error", 504),
+    "upstream_error": ("api_error", 502),
+    "internal": ("api_error", 500),
+}
+
+# Claude Code looks for this prefix to decide that a conversation needs compacting.
+_CONTEXT_PREFIX = "prompt is too long"
 
 _STOP_REASON = {
     "stop": "end_turn",
@@ -28,18 +39,30 @@ _STOP_REASON = {
 
 
 def message(context: AnthropicContext, request: ChatRequest, result: ChatResult, sealer: Sealer) -> dict:
-    """The Message object the non-streamed answer is, and the stream is derived from."""
-    stop_reason = _STOP_REASON[result.finish_reason]
+    """The Message object the non-streamed answer is."""
+    reason = stop_reason(result)
     return {
         "id": f"msg_{result.id}",
         "type": "message",
         "role": "assistant",
         "model": request.model,
         "content": _content_blocks(context, result, sealer),
-        "stop_reason": stop_reason,
-        "stop_sequence": result.stop_sequence if stop_reason == "stop_sequence" else None,
-        "usage": _usage(result),
+        "stop_reason": reason,
+        "stop_sequence": result.stop_sequence if reason == "stop_sequence" else None,
+        "usage": usage(result),
     }
+
+
+def stop_reason(result: ChatResult) -> str:
+    return _STOP_REASON[result.finish_reason]
+
+
+def error_object(error: GatewayError) -> dict:
+    """The `error` member of an error answer or an in-stream error event."""
+    message = error.message
+    if error.kind == "context_length" and not message.startswith(_CONTEXT_PREFIX):
+        message = f"{_CONTEXT_PREFIX}: {message}"
+    return {"type": ERRORS[error.kind][0], "message": message}
 
 
 def _content_blocks(context: AnthropicContext, result: ChatResult, sealer: Sealer) -> list[dict]:
@@ -66,7 +89,7 @@ def _thinking_out(reasoning: Reasoning, omitted: bool, sealer: Sealer) -> dict:
     return {"type": "thinking", "thinking": reasoning.text, "signature": signature}
 
 
-def _usage(result: ChatResult) -> dict:
+def usage(result: ChatResult) -> dict:
     # Anthropic's input_tokens excludes cache reads: total input = input + cache read + cache creation.
     cached = result.usage.cached_tokens
     return {
@@ -75,45 +98,3 @@ def _usage(result: ChatResult) -> dict:
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
     }
-
-
-def stream(message: dict) -> bytes:
-    usage = message["usage"]
-    opening = {"content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage, "output_tokens": 0}}
-    start = {**message, **opening}
-    events = [_event({"type": "message_start", "message": start})]
-    for index, block in enumerate(message["content"]):
-        block_events = _block_events(index, block)
-        if index == 0:
-            block_events.insert(1, _event({"type": "ping"}))  # right after the first block opens, as the real API does
-        events.extend(block_events)
-    delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
-    events.append(_event({"type": "message_delta", "delta": delta, "usage": usage}))
-    events.append(_event({"type": "message_stop"}))
-    return b"".join(events)
-
-
-def _block_events(index: int, block: dict) -> list[bytes]:
-    """content_block_start (the empty block), its deltas, and content_block_stop."""
-    kind = block["type"]
-    if kind == "thinking":
-        empty = {"type": "thinking", "thinking": "", "signature": ""}
-        deltas = [{"type": "thinking_delta", "thinking": c} for c in pieces(block["thinking"], _TEXT_CHUNK)]
-        deltas.append({"type": "signature_delta", "signature": block["signature"]})
-    elif kind == "text":
-        empty = {"type": "text", "text": ""}
-        deltas = [{"type": "text_delta", "text": c} for c in pieces(block["text"], _TEXT_CHUNK)]
-    elif kind == "tool_use":
-        empty = {**block, "input": {}}
-        arguments = json.dumps(block["input"], ensure_ascii=False, separators=(",", ":"))
-        # Like the real API: an empty first fragment, then the JSON text in pieces.
-        deltas = [{"type": "input_json_delta", "partial_json": c} for c in ["", *pieces(arguments, _JSON_CHUNK)]]
-    else:  # redacted_thinking arrives whole in its start event
-        empty, deltas = block, []
-    start = _event({"type": "content_block_start", "index": index, "content_block": empty})
-    body = [_event({"type": "content_block_delta", "index": index, "delta": d}) for d in deltas]
-    return [start, *body, _event({"type": "content_block_stop", "index": index})]
-
-
-def _event(data: dict) -> bytes:
-    return sse_event(data, event=data["type"])

@@ -30,28 +30,14 @@ from polar.canonical import ChatRequest, ChatResult
 from polar.errors import GatewayError
 from polar.providers.base import HttpReply, Parsed, Provider, Route
 from polar.providers.gemini.parse import GeminiContext, model_name, parse_request
-from polar.providers.gemini.render import answer_parts, chunks, envelope, response
-from polar.providers.stream import sse_event
+from polar.providers.gemini.render import ERRORS, answer_parts, envelope_of, error_object, response
+from polar.providers.gemini.stream import GeminiStream
+from polar.providers.stream import replay
 
 _PUBLIC_PATH = re.compile(
     r"^/(?P<version>v1|v1beta|v1alpha)/(?P<model>[^:]+):(?P<method>generateContent|streamGenerateContent|countTokens)$"
 )
 _CODE_ASSIST_PATH = re.compile(r"^/v1internal:(?P<method>generateContent|streamGenerateContent|countTokens)$")
-
-# kind → (HTTP code, google.rpc status). Google's code and status always travel as a pair.
-_ERRORS: dict[str, tuple[int, str]] = {
-    "invalid_request": (400, "INVALID_ARGUMENT"),
-    "context_length": (400, "INVALID_ARGUMENT"),
-    "too_large": (400, "INVALID_ARGUMENT"),  # Google answers oversized payloads with 400, not 413
-    "authentication": (401, "UNAUTHENTICATED"),
-    "permission": (403, "PERMISSION_DENIED"),
-    "not_found": (404, "NOT_FOUND"),
-    "rate_limit": (429, "RESOURCE_EXHAUSTED"),
-    "upstream_error": (500, "INTERNAL"),
-    "internal": (500, "INTERNAL"),
-    "upstream_unavailable": (503, "UNAVAILABLE"),
-    "upstream_timeout": (504, "DEADLINE_EXCEEDED"),
-}
 
 # Nominal limits for the model listing: the interface passes model names only.
 _INPUT_TOKEN_LIMIT = 1_048_576
@@ -65,7 +51,7 @@ class GeminiRoute(Route):
 
 class GeminiGenerate(Provider[GeminiContext]):
     name = "gemini"
-    statuses: ClassVar[dict[str, int]] = {kind: code for kind, (code, _) in _ERRORS.items()}
+    statuses: ClassVar[dict[str, int]] = {kind: code for kind, (code, _) in ERRORS.items()}
 
     # ---- routing -------------------------------------------------------------------------
 
@@ -92,33 +78,23 @@ class GeminiGenerate(Provider[GeminiContext]):
     # ---- responses -----------------------------------------------------------------------
 
     def render(self, route: Route, context: GeminiContext, request: ChatRequest, result: ChatResult) -> HttpReply:
-        parts = answer_parts(context, result, self.sealer, stream=bool(route.stream))
-        if not route.stream:
-            return HttpReply.json(envelope(route, result, response(request, result, parts, final=True)))
-        chunked = [envelope(route, result, c) for c in chunks(request, result, parts)]
-        if route.query.get("alt") == "sse":
-            return HttpReply.sse(b"".join(sse_event(c) for c in chunked))
-        return HttpReply.json(chunked)  # without alt=sse the API streams one JSON array
+        if route.stream:
+            renderer = self.stream_renderer(route, context, request, result.id)
+            return HttpReply(200, replay(renderer, result), {"content-type": renderer.content_type})
+        answer = response(request, result, answer_parts(context, result, self.sealer))
+        return HttpReply.json(envelope_of(_code_assist(route), result.id, answer))
+
+    def stream_renderer(self, route: Route, context: GeminiContext, request: ChatRequest, call_id: str) -> GeminiStream:
+        # without alt=sse the API streams one JSON array
+        return GeminiStream(context, request, call_id, self.sealer, sse=route.query.get("alt") == "sse",
+                            code_assist=_code_assist(route))
 
     def render_count(self, route: Route, input_tokens: int) -> HttpReply:
         details = [{"modality": "TEXT", "tokenCount": input_tokens}]
         return HttpReply.json({"totalTokens": input_tokens, "promptTokensDetails": details})
 
     def error_body(self, error: GatewayError, status: int) -> tuple[dict, dict[str, str]]:
-        rpc_status = _ERRORS.get(error.kind, (500, "INTERNAL"))[1]
-        message = error.message
-        if error.kind == "context_length" and "input token count" not in message:
-            message = f"The input token count exceeds the maximum number of tokens allowed. {message}"
-        # Google's code always equals the HTTP status it travels with.
-        body: dict[str, Any] = {"code": status, "message": message, "status": rpc_status}
-        if error.param and rpc_status == "INVALID_ARGUMENT":
-            body["details"] = [
-                {
-                    "@type": "type.googleapis.com/google.rpc.BadRequest",
-                    "fieldViolations": [{"field": error.param, "description": message}],
-                }
-            ]
-        return {"error": body}, {}
+        return {"error": error_object(error, status)}, {}
 
     def render_models(self, models: list[str]) -> HttpReply:
         listing = [
@@ -135,3 +111,7 @@ class GeminiGenerate(Provider[GeminiContext]):
 
 
 __all__ = ["GeminiContext", "GeminiGenerate", "GeminiRoute"]
+
+
+def _code_assist(route: Route) -> bool:
+    return getattr(route, "code_assist", False)

@@ -39,11 +39,9 @@ from polar.errors import GatewayError
 from polar.providers.base import HttpReply, Parsed, Provider, Route, bare_path
 from polar.providers.openai_common import error_body, models_reply
 from polar.providers.openai_responses.parse import ResponsesContext, parse_request
-from polar.providers.openai_responses.render import (
-    output_items,
-    response_object,
-    stream,
-)
+from polar.providers.openai_responses.render import output_items, response_object
+from polar.providers.openai_responses.stream import ResponsesStream
+from polar.providers.stream import replay
 
 
 class OpenAIResponses(Provider[ResponsesContext]):
@@ -64,9 +62,14 @@ class OpenAIResponses(Provider[ResponsesContext]):
 
     def render(self, route: Route, context: ResponsesContext, request: ChatRequest, result: ChatResult) -> HttpReply:
         if request.stream:
-            return HttpReply.sse(stream(context, request, result, self.sealer))
+            return HttpReply.sse(replay(self.stream_renderer(route, context, request, result.id), result))
         output = output_items(context, request, result, self.sealer)
-        return HttpReply.json(response_object(context, request, result, output))
+        return HttpReply.json(response_object(context, request, result.id, result, output))
+
+    def stream_renderer(
+        self, route: Route, context: ResponsesContext, request: ChatRequest, call_id: str
+    ) -> ResponsesStream:
+        return ResponsesStream(context, request, call_id, self.sealer)
 
     def render_count(self, route: Route, input_tokens: int) -> HttpReply:
         return HttpReply.json({"object": "response.input_tokens", "input_tokens": input_tokens})

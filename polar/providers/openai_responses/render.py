@@ -1,15 +1,17 @@
-"""Canonical result → a Response object, or the SSE event sequence that streams one."""
+"""Canonical result → a Response object and its output items (the live stream, stream.py, shares them)."""
 
 from __future__ import annotations
 
 from polar.canonical import ChatRequest, ChatResult, ToolCall
 from polar.providers.base import now
-from polar.providers.openai_common import deltas
 from polar.providers.openai_responses.parse import ResponsesContext
 from polar.providers.reasoning_seal import Sealer
-from polar.providers.stream import sse_event
 
 _ENCRYPTED = "reasoning.encrypted_content"
+
+
+def item_status(result: ChatResult) -> str:
+    return _status(result)[0]
 
 
 def _status(result: ChatResult) -> tuple[str, dict | None]:
@@ -33,30 +35,30 @@ def _usage(result: ChatResult) -> dict:
 
 def output_items(context: ResponsesContext, request: ChatRequest, result: ChatResult, sealer: Sealer) -> list[dict]:
     """The finished output items, in the order the model produced them."""
-    item_status = _status(result)[0]
+    status = item_status(result)
     items: list[dict] = []
     if result.reasoning and result.reasoning.text:
-        items.append(_reasoning_item(context, result, sealer))
+        items.append(reasoning_item(context, result.id, result.reasoning.text, sealer))
     if result.content or not result.tool_calls:
         text = {"type": "output_text", "text": result.content, "annotations": [], "logprobs": []}
         items.append(
-            {"type": "message", "id": f"msg_{result.id}", "status": item_status, "role": "assistant", "content": [text]}
+            {"type": "message", "id": f"msg_{result.id}", "status": status, "role": "assistant", "content": [text]}
         )
-    for i, call in enumerate(result.tool_calls):
+    for call in result.tool_calls:
+        index = len(items)
         items.append(
-            _custom_call_item(result, i, call)
+            custom_call_item(result.id, index, call)
             if call.name in context.custom_tools
-            else _function_call_item(result, i, call, item_status)
+            else function_call_item(result.id, index, call, status)
         )
     return items
 
 
-def _reasoning_item(context: ResponsesContext, result: ChatResult, sealer: Sealer) -> dict:
-    text = result.reasoning.text
+def reasoning_item(context: ResponsesContext, call_id: str, text: str, sealer: Sealer) -> dict:
     # vLLM has no reasoning summaries: the full text serves as the summary and as the raw content.
     item = {
         "type": "reasoning",
-        "id": f"rs_{result.id}",
+        "id": f"rs_{call_id}",
         "summary": [{"type": "summary_text", "text": text}],
         "content": [{"type": "reasoning_text", "text": text}],
     }
@@ -65,10 +67,11 @@ def _reasoning_item(context: ResponsesContext, result: ChatResult, sealer: Seale
     return item
 
 
-def _function_call_item(result: ChatResult, index: int, call: ToolCall, status: str) -> dict:
+def function_call_item(call_id: str, index: int, call: ToolCall, status: str) -> dict:
+    """A function call, numbered by its position among the output items."""
     return {
         "type": "function_call",
-        "id": f"fc_{result.id}_{index}",
+        "id": f"fc_{call_id}_{index}",
         "call_id": call.id,
         "name": call.name,
         "arguments": call.arguments,
@@ -76,13 +79,13 @@ def _function_call_item(result: ChatResult, index: int, call: ToolCall, status: 
     }
 
 
-def _custom_call_item(result: ChatResult, index: int, call: ToolCall) -> dict:
+def custom_call_item(call_id: str, index: int, call: ToolCall) -> dict:
     args = call.arguments_obj()
     # The model was shown an `input` string parameter; text that is not that object is the input itself.
     raw = args["input"] if isinstance(args, dict) and isinstance(args.get("input"), str) else call.arguments
     return {
         "type": "custom_tool_call",
-        "id": f"ctc_{result.id}_{index}",
+        "id": f"ctc_{call_id}_{index}",
         "call_id": call.id,
         "name": call.name,
         "input": raw,
@@ -105,15 +108,16 @@ def _echoed_tools(context: ResponsesContext, request: ChatRequest) -> list[dict]
 
 
 def response_object(
-    context: ResponsesContext, request: ChatRequest, result: ChatResult, output: list[dict], *, final: bool = True
+    context: ResponsesContext, request: ChatRequest, call_id: str, result: ChatResult | None, output: list[dict]
 ) -> dict:
-    """The Response object: finished (`final`) or as first announced on a stream."""
+    """The Response object: finished (with its `result`) or, without one, as a stream announces it."""
     echo = context.echo
+    final = result is not None
     status, incomplete = _status(result) if final else ("in_progress", None)
     return {
-        "id": f"resp_{result.id}",
+        "id": f"resp_{call_id}",
         "object": "response",
-        "created_at": result.created,
+        "created_at": result.created if final else now(),
         "status": status,
         "background": False,
         "completed_at": now() if status == "completed" else None,
@@ -141,82 +145,3 @@ def response_object(
         "user": None,
         "metadata": echo.get("metadata", {}),
     }
-
-
-def stream(context: ResponsesContext, request: ChatRequest, result: ChatResult, sealer: Sealer) -> bytes:
-    output = output_items(context, request, result, sealer)
-    opened = response_object(context, request, result, [], final=False)
-    events: list[dict] = [
-        {"type": "response.created", "response": opened},
-        {"type": "response.in_progress", "response": opened},
-    ]
-    for index, item in enumerate(output):
-        events += _item_events(index, item)
-    final = response_object(context, request, result, output)
-    # A length cut still ends with `response.completed` (its response says status "incomplete" and
-    # why): Codex and the SDK's stream helper accept no other terminal event, and would otherwise
-    # treat a truncated turn as a dropped stream and retry it.
-    events.append({"type": "response.completed", "response": final})
-    return b"".join(
-        sse_event({"type": e["type"], "sequence_number": n, **e}, event=e["type"]) for n, e in enumerate(events)
-    )
-
-
-def _item_events(index: int, item: dict) -> list[dict]:
-    """output_item.added, the item's own delta events, output_item.done."""
-    at = {"item_id": item["id"], "output_index": index}
-    kind = item["type"]
-    if kind == "reasoning":
-        opened, body = {"type": "reasoning", "id": item["id"], "summary": []}, _reasoning_events(at, item)
-    elif kind == "message":
-        opened, body = {**item, "status": "in_progress", "content": []}, _message_events(at, item)
-    elif kind == "function_call":
-        opened = {**item, "arguments": "", "status": "in_progress"}
-        body = [{"type": "response.function_call_arguments.delta", **at, "delta": p} for p in deltas(item["arguments"])]
-        body.append(
-            {
-                "type": "response.function_call_arguments.done",
-                **at,
-                "name": item["name"],
-                "arguments": item["arguments"],
-            }
-        )
-    else:  # custom_tool_call
-        opened = {**item, "input": ""}
-        body = [{"type": "response.custom_tool_call_input.delta", **at, "delta": p} for p in deltas(item["input"])]
-        body.append({"type": "response.custom_tool_call_input.done", **at, "input": item["input"]})
-    return [
-        {"type": "response.output_item.added", "output_index": index, "item": opened},
-        *body,
-        {"type": "response.output_item.done", "output_index": index, "item": item},
-    ]
-
-
-def _message_events(at: dict, item: dict) -> list[dict]:
-    events: list[dict] = []
-    for ci, part in enumerate(item["content"]):
-        here = {**at, "content_index": ci}
-        events.append({"type": "response.content_part.added", **here, "part": {**part, "text": ""}})
-        events += [
-            {"type": "response.output_text.delta", **here, "delta": p, "logprobs": []} for p in deltas(part["text"])
-        ]
-        events.append({"type": "response.output_text.done", **here, "text": part["text"], "logprobs": []})
-        events.append({"type": "response.content_part.done", **here, "part": part})
-    return events
-
-
-def _reasoning_events(at: dict, item: dict) -> list[dict]:
-    events: list[dict] = []
-    for si, part in enumerate(item["summary"]):
-        here = {**at, "summary_index": si}
-        events.append({"type": "response.reasoning_summary_part.added", **here, "part": {**part, "text": ""}})
-        events += [{"type": "response.reasoning_summary_text.delta", **here, "delta": p} for p in deltas(part["text"])]
-        events.append({"type": "response.reasoning_summary_text.done", **here, "text": part["text"]})
-        events.append({"type": "response.reasoning_summary_part.done", **here, "part": part})
-    for ci, part in enumerate(item["content"]):
-        here = {**at, "content_index": ci}
-        events.append({"type": "response.content_part.added", **here, "part": {**part, "text": ""}})
-        events += [{"type": "response.reasoning_text.delta", **here, "delta": p} for p in deltas(part["text"])]
-        events.append({"type": "response.reasoning_text.done", **here, "text": part["text"]})
-        events.append({"type": "response.content_part.done", **here, "part": part})
-    return events
