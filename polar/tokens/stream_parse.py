@@ -26,7 +26,7 @@ streamed call ids) is parse_turn of full_text: record `result`, not the stream.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from polar.canonical import Delta, ReasoningDelta, TextDelta, ToolCallDelta
@@ -259,3 +259,40 @@ class TurnStream:
         out, self._out = self._out, []
         return out
 
+
+class IncrementalDecoder:
+    """Sampled ids → text pieces that concatenate to `tokenizer.decode(ids, skip_special_tokens=False)`.
+
+    tokenizers' `DecodeStream` decodes a window of the last few ids per step and holds back text that
+    ends in U+FFFD (a split or invalid UTF-8 sequence, or U+FFFD itself) until a later id settles it.
+    At the end of a sample nothing does: `finish` returns that remainder, from one full decode.
+    """
+
+    def __init__(self, tokenizer: Any):
+        from tokenizers.decoders import DecodeStream
+
+        self._tok = getattr(tokenizer, "_tokenizer", tokenizer)  # a transformers fast tokenizer, or tokenizers'
+        self._stream: Any = DecodeStream(skip_special_tokens=False)  # None once it failed
+        self._ids: list[int] = []
+        self._chars, self._held = 0, False  # characters given so far; whether the last id gave none
+
+    def step(self, ids: int | Iterable[int]) -> str:
+        """Decode one id (or several); returns the text they settle, maybe ""."""
+        out = []
+        for i in [ids] if isinstance(ids, int) else ids:
+            self._ids.append(i)
+            try:
+                piece = self._stream.step(self._tok, i) if self._stream else None
+            except Exception:  # DecodeStream's "invalid prefix", never seen with byte-level vocabularies:
+                self._stream = piece = None  # the rest of the sample comes whole from finish()
+            self._held = piece is None
+            if piece:
+                out.append(piece)
+                self._chars += len(piece)
+        return "".join(out)
+
+    def finish(self) -> str:
+        """What the stream still holds at the end of the sample ("" mostly)."""
+        rest = self._tok.decode(self._ids, skip_special_tokens=False)[self._chars :] if self._held else ""
+        self._held, self._chars = False, self._chars + len(rest)
+        return rest

@@ -1,5 +1,5 @@
 """The streamed parse of a sampled turn adds up to the non-streaming parser's answer, whatever the split;
-it holds back only what is still ambiguous."""
+it holds back only what is still ambiguous; real templates streamed token by token; incremental decoding."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from polar.canonical import ReasoningDelta, TextDelta, ToolCallDelta
 from polar.tokens import parse_turn
-from polar.tokens.stream_parse import TurnStream, stop_cut
-from tests.tokens.test_parsers import TOOLS
+from polar.tokens.stream_parse import IncrementalDecoder, TurnStream, stop_cut
+from tests.conftest import REAL_TEMPLATES
+from tests.tokens.test_parsers import CASES, TOOLS, assistant_message, sampled_text
 
 
 def stream(pieces, family, *, think_open=False, finish="stop", stops=(), full_text=None, tools=TOOLS):
@@ -197,3 +198,71 @@ def test_feed_cost_is_linear():
     assert long < 5 * short + 20e-6, (short, long)  # no growth with length (generous: 2 shared cores)
     assert per_token(block * 2, 3) < 5 * short + 20e-6
 
+
+# -- real templates, real tokenizer ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("template", REAL_TEMPLATES)
+def test_real_turns_streamed_token_by_token(load, tokenizer, template, case, thinking):
+    """A turn as the real template renders it, sampled id by id and decoded incrementally."""
+    ct = load(template)
+    reasoning, content, calls = CASES[case]
+    text = sampled_text(ct, assistant_message(reasoning if thinking else "", content, calls), thinking)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    body = ids[:-1] if ids[-1] in ct.eos_token_ids else ids  # as TokenFaithful._result does
+    think_open = ct.generation_prompt_opens_think(thinking)
+    decoder = IncrementalDecoder(tokenizer)
+    pieces = [decoder.step(i) for i in body] + [decoder.finish()]
+    full = ct.decode(body)
+    assert "".join(pieces) == full
+    ts, deltas = stream(pieces, ct.family, think_open=think_open, full_text=full)
+    assert not ts.diverged
+    assert_equivalent(ts, deltas, full, ct.family, think_open=think_open, finish="stop", stops=())
+    assert (ts.result.content, [c.name for c in ts.result.tool_calls]) == (content, [n for n, _ in calls])
+
+
+def test_incremental_decoding_matches_the_full_decode(tokenizer):
+    """DecodeStream holds back text ending in U+FFFD (a split or invalid UTF-8 sequence, or U+FFFD itself);
+    at the end of a sample nothing releases it: IncrementalDecoder.finish does. Nothing else ever differs."""
+    from tokenizers.decoders import DecodeStream
+
+    raw = tokenizer._tokenizer
+    vocab = raw.get_vocab(with_added_tokens=True)
+    byte_tokens = [i for t, i in vocab.items() if len(t) == 1]  # the 256 byte-level tokens
+    added = [i for t, i in vocab.items() if t.startswith("<") and t.endswith(">") and len(t) > 3]
+    rng = random.Random(7)
+    text_chars = "aé日🙂\ufffd <>\n\u0300\U0010ffff"
+    held_back = 0
+    for trial in range(3000):
+        if trial % 3 == 0:
+            ids = [rng.choice(byte_tokens + added[:20]) for _ in range(rng.randint(1, 20))]
+        elif trial % 3 == 1:
+            ids = [rng.randrange(0, len(vocab)) for _ in range(rng.randint(1, 20))]
+        else:
+            ids = raw.encode("".join(rng.choice(text_chars) for _ in range(12)), add_special_tokens=False).ids
+            ids = ids[: rng.randint(1, len(ids))]  # cut anywhere, inside a character too
+        full = raw.decode(ids, skip_special_tokens=False)
+        ds = DecodeStream(skip_special_tokens=False)
+        streamed = "".join(s for i in ids if (s := ds.step(raw, i)) is not None)
+        if streamed != full:
+            assert full.startswith(streamed) and full.endswith("\ufffd"), (ids, full, streamed)
+            held_back += 1
+        decoder = IncrementalDecoder(tokenizer)
+        assert "".join(decoder.step(i) for i in ids) + decoder.finish() == full
+    assert held_back > 100  # the case is common with random ids: the fallback matters
+
+
+def test_incremental_decoder_survives_a_failing_stream(tokenizer):
+    """Should DecodeStream ever raise ("invalid prefix"), the rest of the sample comes whole from finish()."""
+
+    class Failing:
+        def step(self, tok, i):
+            raise Exception("Invalid prefix encountered")
+
+    ids = tokenizer.encode("Ça marche 🙂 bien", add_special_tokens=False)
+    decoder = IncrementalDecoder(tokenizer)
+    first = decoder.step(ids[:2])
+    decoder._stream = Failing()
+    assert decoder.step(ids[2:]) == "" and first + decoder.finish() == tokenizer.decode(ids)
