@@ -119,6 +119,10 @@ class Stack:
         assert sampled and all(call_sign in text for text in sampled), (self.template, sampled[:1])
 
 
+# A keep-alive after 1 s of upstream silence, so the streaming tests see them without waiting long.
+STACK_OPTIONS = {"polar_upstream_timeout": 60, "polar_stream_keepalive": 1}
+
+
 @pytest.fixture(scope="session")
 def double_server(tokenizer_dir):
     """The scripted vLLM double, shared by every proxy the tests start."""
@@ -139,7 +143,7 @@ def stack(double_server, tokenizer_dir, tmp_path_factory):
     double, upstream_url = double_server
     db = tmp_path_factory.mktemp("captures") / "captures.db"
     proxy = BackgroundProxy(ProxyConfig(upstream=upstream_url, db=str(db), port=free_port(), tokenizer=str(tokenizer_dir),
-                                        extra={"polar_upstream_timeout": 60}))
+                                        extra=STACK_OPTIONS))
     proxy.start()
     yield Stack(proxy.url, upstream_url, db, double, proxy, "token-faithful")
     proxy.stop()
@@ -152,8 +156,7 @@ def chat_stack(double_server, tmp_path_factory):
 
     double, upstream_url = double_server
     db = tmp_path_factory.mktemp("captures-chat") / "captures.db"
-    proxy = SubprocessProxy(ProxyConfig(upstream=upstream_url, db=str(db), port=free_port(),
-                                        extra={"polar_upstream_timeout": 60}))
+    proxy = SubprocessProxy(ProxyConfig(upstream=upstream_url, db=str(db), port=free_port(), extra=STACK_OPTIONS))
     proxy.start()
     yield Stack(proxy.url, upstream_url, db, double, proxy, "chat-template")
     proxy.stop()

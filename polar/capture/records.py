@@ -94,6 +94,7 @@ class CallEnd:
     policy_version: str | None = None
     prompt_mode: str | None = None
     t_upstream: float | None = None
+    t_first: float | None = None  # when the first streamed piece of the answer went to the client
     rewrites: list[str] = field(default_factory=list)
     # The canonical request: its messages as references, the new ones to store alongside.
     canonical: dict[str, Any] | None = None
@@ -107,7 +108,7 @@ class CallEnd:
             "t_end": self.t_end, "model": self.model, "stream": None if self.stream is None else int(self.stream),
             "error_kind": self.error_kind, "error": self.error, "upstream_model": self.upstream_model,
             "result": self.result, "finish_reason": self.finish_reason, "policy_version": self.policy_version,
-            "prompt_mode": self.prompt_mode, "t_upstream": self.t_upstream,
+            "prompt_mode": self.prompt_mode, "t_upstream": self.t_upstream, "t_first": self.t_first,
             "rewrites": json.dumps(self.rewrites) if self.rewrites else None,
         }  # fmt: skip
         if self.canonical is not None:

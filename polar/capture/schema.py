@@ -23,7 +23,7 @@ CALLS: dict[str, Any] = {
     "model": str,  # as the client asked
     "upstream_model": str,
     "stream": int,
-    "status": str,  # pending | ok | error | interrupted
+    "status": str,  # pending | ok | error | interrupted | client_disconnected
     "http_status": int,
     "error_kind": str,
     "error": str,
@@ -48,6 +48,7 @@ CALLS: dict[str, Any] = {
     "prompt_mode": str,  # how the prompt was built (chat-template | token-faithful | re-render: why)
     "t_start": float,
     "t_upstream": float,  # seconds spent waiting for the upstream
+    "t_first": float,  # streamed answers: when the first piece of the answer was sent (time to first token)
     "t_end": float,
 }
 

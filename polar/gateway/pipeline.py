@@ -8,15 +8,21 @@ The mitmproxy addon, the CLI and the tests all drive this one class. Every path 
 provider shape and leaves a committed capture row saying what happened; when the capture itself
 cannot be written, the client gets a 5xx in its provider's shape instead of an unrecorded answer.
 The session state learns a call's tokens only after its row has committed.
+
+A call that asks for a stream gets a `StreamReply` once the upstream has accepted it: its body
+streams as the model samples (gateway/streaming.py), and the same settling commits its row before
+the stream's terminal event. Whatever fails before the upstream accepts is a plain error answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import secrets
 import time
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,13 +35,14 @@ from polar.errors import GatewayError
 from polar.gateway.body import decode_json
 from polar.gateway.gate import SamplingGate
 from polar.gateway.methods import allowed, headers_only, method_reply
+from polar.gateway.streaming import StreamingCall, StreamReply
 from polar.providers import ProviderSet, Sealer
 from polar.providers.base import HttpReply, Parsed, Provider, Route
 from polar.sessions.fingerprints import answer_message, message_fingerprint
 from polar.sessions.identity import Identity, SessionRegistry, redact
-from polar.sessions.state import SessionStates, SessionView, new_turn
+from polar.sessions.state import SessionState, SessionStates, SessionView, new_turn
 from polar.tokens.shaping import ANY_TEMPLATE, shape
-from polar.upstream.base import Backend
+from polar.upstream.base import Backend, UpstreamStream
 
 log = logging.getLogger("polar.gateway")
 
@@ -52,7 +59,7 @@ class GatewayRequest:
 
 @dataclass
 class GatewayReply:
-    reply: HttpReply
+    reply: HttpReply | StreamReply
     # What mitmweb and logs show for the flow: session, provider, call id, row, token counts.
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -67,6 +74,7 @@ class Gateway:
         gate: SamplingGate | None = None,
         max_body_bytes: int = 64 * 1024 * 1024,
         model_aliases: list[str] | None = None,
+        keepalive_s: float = 5.0,
     ):
         self.writer = writer
         self.reader = CaptureReader(writer.path)
@@ -77,6 +85,7 @@ class Gateway:
         self.providers = ProviderSet(Sealer(writer.seal_key))  # reasoning seals keyed per capture database
         self.max_body_bytes = max_body_bytes
         self.model_aliases = model_aliases or []
+        self.keepalive_s = keepalive_s  # silence on a stream after which the client gets a keep-alive
 
     async def handle(self, req: GatewayRequest) -> GatewayReply:
         if req.method == "HEAD":  # GET's answer without its body, for every path
@@ -139,32 +148,51 @@ class Gateway:
         row_id = await self.writer.start(call)
         meta: dict[str, Any] = {"session": ident.session, "provider": provider.name, "call_id": call.call_id}
         call_state = _Call()
+        settle = functools.partial(self._settle, row_id, call, call_state, ident.session, meta)
         try:
-            reply = await self._answer(req, ident, route, call, call_state)
-            end = CallEnd(status="ok", http_status=reply.status, response_body=reply.body, t_end=0.0)
+            answer = await self._answer(req, ident, route, call, call_state)
+            if isinstance(answer, _Opened):
+                return GatewayReply(self._stream_reply(answer, provider, call, ident, settle), meta)
+            reply, end = answer, CallEnd(status="ok", http_status=answer.status, response_body=answer.body, t_end=0.0)
         except GatewayError as err:
             reply, end = self._error(provider, err)
         except Exception as exc:  # a polar bug: still answer in the provider's shape, still capture
             log.exception("polar failed on call %s", call.call_id)
             reply, end = self._error(provider, GatewayError("internal", f"polar failed on this call: {type(exc).__name__}: {exc}"))
-        call_state.fill(end, self.gate)
-        end.t_end = time.time()
-        try:
-            row_id = await self.writer.finish(row_id, call, end)
-        except CaptureError as exc:  # not durable → the client must not proceed as if it were
-            reply = provider.render_error(GatewayError("internal", f"polar could not record this call: {exc}"))
-        else:
-            meta["row"] = row_id
-            self._remember(ident.session, row_id, call_state, end)
-            if call_state.result is not None:
-                meta.update(prompt_tokens=len(call_state.result.prompt_token_ids),
-                            completion_tokens=len(call_state.result.completion_token_ids))
+        if failure := await settle(end, call_state.result):  # not durable → the client must not proceed as if it were
+            reply = provider.render_error(GatewayError("internal", f"polar could not record this call: {failure}"))
         reply.headers.update({"x-polar-call-id": call.call_id, "x-polar-session": ident.session})
         return GatewayReply(reply, meta)
 
+    def _stream_reply(self, opened: _Opened, provider: Provider, call: CallStart, ident: Identity, settle) -> StreamReply:
+        stream = StreamingCall(opened.upstream, opened.renderer, settle, opened.slot, self.keepalive_s,
+                               provider_status=lambda err: err.status or provider.statuses[err.kind])
+        headers = {**provider.stream_headers(), "content-type": opened.renderer.content_type, "cache-control": "no-cache",
+                   "x-polar-call-id": call.call_id, "x-polar-session": ident.session}
+        return StreamReply(200, headers, stream)
+
+    async def _settle(self, row_id: int | None, call: CallStart, state: _Call, session: str, meta: dict[str, Any],
+                      end: CallEnd, result: ChatResult | None) -> str | None:
+        """Fill the call's row from what it learnt, commit it, then let the session state learn the turn.
+        Returns why the row could not be committed, or None."""
+        if result is not None and state.result is None:  # a streamed turn: known only now
+            state.take(result, time.time() - state.t_up_start)
+        state.fill(end, self.gate)
+        end.t_end = time.time()
+        try:
+            meta["row"] = await self.writer.finish(row_id, call, end)
+        except CaptureError as exc:
+            log.error("call %s could not be recorded: %s", call.call_id, exc)
+            return str(exc)
+        self._remember(session, meta["row"], state, end)
+        if state.result is not None:
+            meta.update(prompt_tokens=len(state.result.prompt_token_ids),
+                        completion_tokens=len(state.result.completion_token_ids))
+        return None
+
     async def _answer(
         self, req: GatewayRequest, ident: Identity, route: Route | None, call: CallStart, state: _Call
-    ) -> HttpReply:
+    ) -> HttpReply | _Opened:
         if ident.refused:
             raise GatewayError("permission", f"this client belongs to session {ident.session!r} and may not "
                                              f"act as session {ident.refused!r}")
@@ -183,17 +211,37 @@ class Gateway:
         if route.endpoint == "count_tokens":
             return route.provider.render_count(route, await self.backend.count_tokens(request))
         session = await self.states.get(ident.session)  # rebuilt from the database off the loop when needed
-        state.session_messages = session.messages
+        state.session, state.session_messages = session, session.messages
         state.keys = [message_fingerprint(m) for m in request.messages]
         view = SessionView(session, state.keys)
+        if request.stream:
+            return await self._open_stream(route, parsed.context, request, call, state, view)
         async with self.gate.sampling():
             t_up = time.time()
             result = await self.backend.complete(request, call.call_id, view)
-            state.t_upstream = time.time() - t_up
-        state.result = result
-        state.prompt = as_ids(result.prompt_token_ids)  # converted once: lineage, token columns, turn
-        state.lineage = session.lineage(state.prompt)
+        state.take(result, time.time() - t_up)
         return route.provider.render(route, parsed.context, request, result)
+
+    async def _open_stream(self, route: Route, context: Any, request: ChatRequest, call: CallStart, state: _Call,
+                           view: SessionView) -> _Opened:
+        """Start the upstream stream, holding a sampling slot until it ends (the stream releases it).
+
+        Whatever the upstream refuses within the keep-alive interval (a bad or too long request) is a plain
+        error answer; past it, the upstream is queueing or prefilling and the client's stream starts, its
+        keep-alives going out until the first token (a later refusal becomes the stream's error event)."""
+        slot = AsyncExitStack()
+        await slot.enter_async_context(self.gate.sampling())
+        state.t_up_start = time.time()
+        upstream = None
+        try:
+            upstream = await self.backend.stream(request, call.call_id, view)
+            await upstream.accepted(self.keepalive_s if self.keepalive_s > 0 else None)
+        except BaseException:
+            if upstream is not None:
+                await upstream.aclose()
+            await slot.aclose()
+            raise
+        return _Opened(upstream, route.provider.stream_renderer(route, context, request, call.call_id), slot)
 
     def _remember(self, session: str, row_id: int, state: _Call, end: CallEnd) -> None:
         messages = None
@@ -230,20 +278,37 @@ class Gateway:
 
 
 @dataclass
+class _Opened:
+    """A stream the upstream accepted: its renderer, and the sampling slot it holds until it ends."""
+
+    upstream: UpstreamStream
+    renderer: Any
+    slot: AsyncExitStack
+
+
+@dataclass
 class _Call:
     """What one model call learnt on its way, for its capture row and its session's state."""
 
     request: ChatRequest | None = None
     result: ChatResult | None = None
     keys: list[str] = field(default_factory=list)
+    session: SessionState | None = None
     session_messages: list = field(default_factory=list)
     lineage: Any = None
     prompt: Any = None  # the prompt ids as a uint32 array
+    t_up_start: float = 0.0
     t_upstream: float | None = None
     rewrites: list[str] = field(default_factory=list)  # what polar changed in the request, and why
 
+    def take(self, result: ChatResult, t_upstream: float) -> None:
+        """The sampled turn (whole, or as far as a stream got)."""
+        self.result, self.t_upstream = result, t_upstream
+        self.prompt = as_ids(result.prompt_token_ids)  # converted once: lineage, token columns, turn
+        self.lineage = self.session.lineage(self.prompt) if self.session is not None else None
+
     def fill(self, end: CallEnd, gate: SamplingGate) -> None:
-        end.rewrites = self.rewrites
+        end.rewrites = [*self.rewrites, *end.rewrites]
         if self.request is not None:
             end.model, end.stream = self.request.model, self.request.stream
             canonical = self.request.model_dump(mode="json", exclude_none=True)
@@ -255,7 +320,7 @@ class _Call:
         end.t_upstream = self.t_upstream
         end.upstream_model = result.model
         end.result = result.model_dump_json(exclude={"prompt_token_ids", "completion_token_ids", "completion_logprobs"})
-        end.finish_reason = result.finish_reason
+        end.finish_reason = end.finish_reason or result.finish_reason  # a broken stream says "abort"
         end.policy_version = gate.version(result.policy_version)
         end.prompt_mode = result.prompt_mode
         end.tokens = TokenRecord(self.prompt, result.completion_token_ids, result.completion_logprobs,

@@ -5,6 +5,10 @@ addons/polar_gateway.py`, `mitmweb -s …` and `polar proxy` run the very same c
 the session, provider and token counts (`flow.metadata["polar"]`, the flow comment) so mitmweb
 shows them; its "polar" contentview (mitm/contentview.py) shows a call's capture in full.
 
+Streamed answers leave through the loopback relay (mitm/relay.py): mitmproxy streams a body only
+when it comes from a server, so the flow is pointed at the relay, which writes the gateway's stream
+as the model samples it. The flow still shows in mitmweb, with the client's own request.
+
 An option change rebuilds only the part it touches, as mitmproxy's own addons do: the capture
 writer (`polar_db*`), the upstream backend (`polar_upstream*`, tokenizer, template), or nothing
 (body limit, aliases). Calls in flight finish on the parts they started with, which are closed
@@ -25,7 +29,9 @@ from polar.capture.writer import CaptureWriter
 from polar.errors import GatewayError
 from polar.gateway.gate import SamplingGate
 from polar.gateway.pipeline import Gateway, GatewayReply, GatewayRequest
+from polar.gateway.streaming import StreamReply
 from polar.mitm.contentview import PolarContentview
+from polar.mitm.relay import StreamRelay
 from polar.sessions.identity import REDACTED, SECRET_HEADERS, SessionRegistry
 from polar.upstream.vllm_chat import VLLMChat
 
@@ -37,7 +43,7 @@ BACKEND_OPTIONS = {
     "polar_tokenizer", "polar_chat_template", "polar_token_endpoint",
 }  # fmt: skip
 PROMPT_OPTIONS = {"polar_tokenizer", "polar_chat_template"}  # change the ids a session's turns hold
-GATEWAY_OPTIONS = {"polar_max_body", "polar_model_aliases"}
+GATEWAY_OPTIONS = {"polar_max_body", "polar_model_aliases", "polar_stream_keepalive"}
 
 
 def token_faithful(chat: VLLMChat, tokenizer_dir: str, template_path: str, endpoint: str):
@@ -65,8 +71,9 @@ class PolarAddon:
     def __init__(self) -> None:
         self.gateway: Gateway | None = None
         self.gate = SamplingGate()  # a paused trainer stays paused across option changes
-        self._calls: dict[int, int] = {}  # id(gateway) → calls in flight on it
+        self._calls: dict[int, int] = {}  # id(gateway) → calls in flight on it (a stream until it settles)
         self._retired: list[Gateway] = []
+        self.relay = StreamRelay()
 
     @property
     def registry(self) -> SessionRegistry | None:
@@ -99,6 +106,15 @@ class PolarAddon:
         loader.add_option(
             "polar_token_endpoint", str, "auto", "Token-in vLLM endpoint.", choices=["auto", "generate", "completions"]
         )
+        loader.add_option(
+            "polar_stream_keepalive", int, 5,
+            "Seconds a streamed answer may stay silent (queue, prefill) before the client gets a keep-alive; 0 = never.",
+        )
+
+    def running(self) -> None:
+        # Keep streamed answers on their flows, so mitmweb shows them like any other answer.
+        if "store_streamed_bodies" in ctx.options and not ctx.options.store_streamed_bodies:
+            ctx.options.update(store_streamed_bodies=True)
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -106,13 +122,13 @@ class PolarAddon:
         if old is not None and not updated & (WRITER_OPTIONS | BACKEND_OPTIONS | GATEWAY_OPTIONS):
             return
         if old is not None and not updated & (WRITER_OPTIONS | BACKEND_OPTIONS):
-            old.max_body_bytes, old.model_aliases = opts.polar_max_body, list(opts.polar_model_aliases)
+            self._tune(old)
             return
         same_file = old is not None and Path(opts.polar_db).resolve() == Path(old.writer.path).resolve()
         if same_file and updated & WRITER_OPTIONS:
             old.writer.tune(opts.polar_db_sync, opts.polar_db_busy_timeout)  # one writer per file
             if not updated & BACKEND_OPTIONS:
-                old.max_body_bytes, old.model_aliases = opts.polar_max_body, list(opts.polar_model_aliases)
+                self._tune(old)
                 return
         new_db = old is None or not same_file
         writer = (CaptureWriter(opts.polar_db, synchronous=opts.polar_db_sync, busy_timeout=opts.polar_db_busy_timeout)
@@ -126,10 +142,18 @@ class PolarAddon:
         self.gateway = Gateway(
             writer, backend, registry=registry, states=old.states if keep_state else None, gate=self.gate,
             max_body_bytes=opts.polar_max_body, model_aliases=list(opts.polar_model_aliases),
+            keepalive_s=opts.polar_stream_keepalive,
         )
         if old is not None:
             self._retired.append(old)
             self._close_idle()
+
+    @staticmethod
+    def _tune(gateway: Gateway) -> None:
+        """Options read per call: applied to the live gateway."""
+        opts = ctx.options
+        gateway.max_body_bytes, gateway.model_aliases = opts.polar_max_body, list(opts.polar_model_aliases)
+        gateway.keepalive_s = opts.polar_stream_keepalive
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or self.gateway is None:
@@ -160,26 +184,57 @@ class PolarAddon:
             log.exception("polar failed on %s %s", req.method, path)
             err = GatewayError("internal", f"polar failed on this call: {type(exc).__name__}: {exc}")
             out = GatewayReply(gateway.providers.guess(path, headers).render_error(err))
-        finally:
-            self._calls[id(gateway)] -= 1
-            if self._retired:
-                self._close_idle()
+        if not isinstance(out.reply, StreamReply):
+            self._release(gateway)
         # The key only identified the session. mitmweb lists flows and can save them: the flow keeps
         # the headers redacted, as the capture store does (polar never sends them upstream).
         for name in SECRET_HEADERS:
             if name in req.headers:
                 req.headers[name] = REDACTED
+        flow.metadata["polar"] = out.meta
+        if isinstance(out.reply, StreamReply):  # the gateway is in use until the stream settles
+            asyncio.get_running_loop().create_task(self._release_after(gateway, out.reply))
+            await self.relay.hand_over(flow, out.reply)
+            return
         flow.response = http.Response.make(out.reply.status, out.reply.body, out.reply.headers)
         # make() counts the body: a HEAD answer announces GET's length instead, a 204 none (RFC 9110).
         if "content-length" in out.reply.headers:
             flow.response.headers["content-length"] = out.reply.headers["content-length"]
         elif out.reply.status == 204:
             del flow.response.headers["content-length"]
-        flow.metadata["polar"] = out.meta
-        if "call_id" in out.meta:
+        self._comment(flow)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if self.relay.relayed(flow) is not None:
+            self.relay.restore(flow)  # the request the client sent, for mitmweb
+            flow.response.headers.pop("server", None)  # the relay's own; the client sees the gateway's headers
+            flow.response.stream = True
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        if self.relay.relayed(flow) is not None:
+            self._comment(flow)  # the stream has ended: its token counts are known
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self.relay.client_gone(flow)  # a stream whose client went away: abort upstream, keep what was sampled
+
+    @staticmethod
+    def _comment(flow: http.HTTPFlow) -> None:
+        meta = flow.metadata.get("polar") or {}
+        if "call_id" in meta:
             flow.comment = " ".join(
-                f"{k}={out.meta[k]}" for k in ("session", "provider", "prompt_tokens", "completion_tokens") if k in out.meta
+                f"{k}={meta[k]}" for k in ("session", "provider", "prompt_tokens", "completion_tokens") if k in meta
             )
+
+    def _release(self, gateway: Gateway) -> None:
+        self._calls[id(gateway)] -= 1
+        if self._retired:
+            self._close_idle()
+
+    async def _release_after(self, gateway: Gateway, reply: StreamReply) -> None:
+        try:
+            await reply.call.wait_settled()
+        finally:
+            self._release(gateway)
 
     def _close_idle(self) -> None:
         """Close the parts of retired gateways whose last call has finished and that nothing else uses."""
@@ -196,6 +251,7 @@ class PolarAddon:
                     pass  # configured outside a loop (a test by hand): its client goes with it
 
     async def done(self) -> None:
+        await self.relay.stop()
         gateways = [*self._retired, self.gateway]
         for backend in {id(g.backend): g.backend for g in gateways if g is not None}.values():
             await backend.aclose()

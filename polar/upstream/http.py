@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -22,6 +23,8 @@ class UpstreamHTTP:
         self.base_url = base_url.rstrip("/")
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout, connect=10.0)
+        # A stream may run for as long as the model reasons: only silence between its chunks is bounded.
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=timeout)
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
@@ -78,6 +81,31 @@ class UpstreamHTTP:
         return data
 
 
+    async def open_stream(self, path: str, body: Any) -> aiohttp.ClientResponse:
+        """POST a streaming request and return the response once its status is in: an error status
+        becomes the same GatewayError `call` raises, so the client gets a plain error answer."""
+        url = self.base_url + path
+        try:
+            try:
+                resp = await self._client().post(url, json=body, timeout=self._stream_timeout)
+            except aiohttp.ServerDisconnectedError:  # a pooled socket closed as we wrote: nothing was sampled
+                resp = await self._client().post(url, json=body, timeout=self._stream_timeout)
+            if resp.status < 400:
+                return resp
+            raw = await resp.read()
+            resp.release()
+        except asyncio.TimeoutError:
+            raise GatewayError("upstream_timeout", f"the upstream {url} did not answer in time") from None
+        except aiohttp.ClientConnectorError as exc:
+            raise GatewayError("upstream_unavailable", f"cannot connect to the upstream {url}: {exc}") from None
+        except aiohttp.ClientError as exc:
+            raise GatewayError("upstream_error", f"the upstream {url} broke off: {type(exc).__name__}: {exc}") from None
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            data = raw[:200].decode(errors="replace")
+        raise status_error(resp.status, data, url)
+
     async def _send(self, method: str, url: str, body: Any) -> tuple[int, bytes]:
         async with self._client().request(method, url, json=body) as resp:
             return resp.status, await resp.read()
@@ -106,3 +134,60 @@ def _error_message(data: Any) -> str:
         if isinstance(data.get("message"), str):
             return data["message"]
     return json.dumps(data)[:300]
+
+
+class StreamRequest:
+    """A streaming POST in flight. vLLM's server sends a stream's headers only with its first chunk, that is
+    after queueing and prefill, so the request runs as a task: the gateway can wait a while for it to be
+    accepted (its errors then are plain error answers) and otherwise start the client's stream meanwhile."""
+
+    def __init__(self, http: UpstreamHTTP, path: str, body: Any):
+        self.url = http.base_url + path
+        self._task = asyncio.ensure_future(http.open_stream(path, body))
+
+    async def accepted(self, timeout: float | None) -> bool:
+        """True once the upstream answered with a stream, False while it still works on it; its refusal raises."""
+        done, _ = await asyncio.wait({self._task}, timeout=timeout)
+        if done:
+            self._task.result()
+        return bool(done)
+
+    async def data(self) -> AsyncIterator[str]:
+        """The stream's `data:` payloads (waiting for the upstream to answer first)."""
+        async for payload in sse_data(await self._task):
+            yield payload
+
+    def close(self) -> None:
+        """Drop the request, answered or not: vLLM aborts a request whose client goes (the GPU is freed)."""
+        if not self._task.done():
+            self._task.cancel()
+        elif not self._task.cancelled() and self._task.exception() is None:
+            self._task.result().close()
+
+
+async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The `data:` payloads of an upstream SSE body, one per line, as they arrive.
+
+    vLLM writes one `data: …` line per event; the first chunk can hold a long prompt's token ids, past
+    aiohttp's line-length limit, hence lines joined here. Failures mid-stream become GatewayErrors.
+    """
+    url = str(resp.url)
+    pending: list[bytes] = []  # the start of a line not yet ended
+    try:
+        async for block in resp.content.iter_any():
+            start = 0
+            while (end := block.find(b"\n", start)) >= 0:
+                line = b"".join([*pending, block[start:end]]) if pending else block[start:end]
+                pending.clear()
+                start = end + 1
+                if line.startswith(b"data:"):
+                    yield line[5:].strip().decode()
+            if start < len(block):
+                pending.append(block[start:])
+    except asyncio.TimeoutError:
+        raise GatewayError("upstream_timeout", f"the upstream {url} went silent mid-stream") from None
+    except aiohttp.ClientError as exc:
+        raise GatewayError("upstream_error", f"the upstream {url} broke off mid-stream: {type(exc).__name__}: {exc}") from None
+    line = b"".join(pending)
+    if line.startswith(b"data:"):
+        yield line[5:].strip().decode()

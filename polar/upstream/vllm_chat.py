@@ -14,12 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from polar.canonical import ChatRequest, ChatResult, Reasoning, ToolCall, Usage
+from polar.canonical import ChatRequest, ChatResult, ToolCall
 from polar.errors import GatewayError
 from polar.sessions.state import SessionView
 from polar.tokens.messages import to_openai_messages, to_openai_tools
 from polar.tokens.shaping import TemplateTraits
-from polar.upstream.http import UpstreamHTTP
+from polar.upstream.chat_stream import ChatStream
+from polar.upstream.http import StreamRequest, UpstreamHTTP
+from polar.upstream.results import chat_result
 
 
 class VLLMChat:
@@ -75,6 +77,11 @@ class VLLMChat:
         data = await self.http.call("POST", "/v1/chat/completions", body)
         return parse_chat_completion(data, call_id, request, started)
 
+    async def stream(self, request: ChatRequest, call_id: str, session: SessionView | None = None) -> ChatStream:
+        body = await self.chat_body(request)
+        body.update(stream=True, stream_options={"include_usage": True})
+        return ChatStream(StreamRequest(self.http, "/v1/chat/completions", body), request, call_id)
+
     async def count_tokens(self, request: ChatRequest) -> int:
         body = await self.chat_body(request)
         keep = ("model", "messages", "tools", "chat_template_kwargs")
@@ -121,8 +128,6 @@ def parse_chat_completion(data: Any, call_id: str, request: ChatRequest, started
         completion_ids = list(choice.get("token_ids") or [])
         prompt_ids = list(data.get("prompt_token_ids") or [])
         logprob_items = (choice.get("logprobs") or {}).get("content") or []
-        logprobs = logprobs_or_none([item.get("logprob") for item in logprob_items], len(completion_ids))
-        usage = data.get("usage") or {}
         tool_calls = [
             ToolCall(
                 id=tc.get("id") or f"call_{secrets.token_hex(12)}",
@@ -135,40 +140,10 @@ def parse_chat_completion(data: Any, call_id: str, request: ChatRequest, started
         raise GatewayError(
             "upstream_error", f"the upstream's answer is not a chat completion with token ids ({type(exc).__name__}: {exc})"
         ) from None
-    reasoning_text = message.get("reasoning") or message.get("reasoning_content")
-    finish = choice.get("finish_reason") or "stop"
-    stop_reason = choice.get("stop_reason")
-    stop_sequence = stop_reason if isinstance(stop_reason, str) and stop_reason in request.sampling.stop else None
-    if tool_calls and finish != "length":
-        finish = "tool_calls"
-    elif stop_sequence is not None:
-        finish = "stop_sequence"
-    elif finish not in ("stop", "length", "tool_calls", "content_filter"):
-        finish = "stop"
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return ChatResult(
-        id=call_id,
-        model=data.get("model") or "",
-        created=int(data.get("created") or started),
-        content=message.get("content") or "",
-        reasoning=Reasoning(text=reasoning_text) if reasoning_text else None,
-        tool_calls=tool_calls,
-        finish_reason=finish,
-        stop_sequence=stop_sequence,
-        usage=Usage(
-            prompt_tokens=usage.get("prompt_tokens", len(prompt_ids)),
-            completion_tokens=usage.get("completion_tokens", len(completion_ids)),
-            cached_tokens=cached,
-        ),
-        prompt_token_ids=prompt_ids,
-        completion_token_ids=completion_ids,
-        completion_logprobs=logprobs,
+    return chat_result(
+        call_id, request, model=data.get("model") or "", created=int(data.get("created") or started),
+        content=message.get("content") or "", reasoning=message.get("reasoning") or message.get("reasoning_content"),
+        tool_calls=tool_calls, finish=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"),
+        usage=data.get("usage") or {}, prompt_ids=prompt_ids, completion_ids=completion_ids,
+        logprobs=[item.get("logprob") for item in logprob_items],
     )
-
-
-def logprobs_or_none(values: list, n_tokens: int) -> list[float] | None:
-    """The sampled tokens' logprobs, or None when the upstream did not give one for every token:
-    a trainer must see that they are missing, never a made-up 0.0 (probability one)."""
-    if len(values) != n_tokens or any(not isinstance(v, (int, float)) for v in values):
-        return None
-    return [float(v) for v in values]

@@ -20,9 +20,15 @@ from polar.sessions.state import Extension, SessionView
 from polar.tokens.messages import to_openai_messages, to_openai_tools
 from polar.tokens.shaping import TemplateTraits
 from polar.tokens.template import ChatTemplate
-from polar.upstream.vllm_chat import VLLMChat, logprobs_or_none
+from polar.upstream.base import UpstreamStream
+from polar.upstream.http import StreamRequest
+from polar.upstream.results import logprobs_or_none
+from polar.upstream.token_stream import TokenStream
+from polar.upstream.vllm_chat import VLLMChat
 
 log = logging.getLogger("polar.tokens")
+
+GENERATE, COMPLETIONS = "/inference/v1/generate", "/v1/completions"
 
 
 class TokenFaithful:
@@ -47,22 +53,35 @@ class TokenFaithful:
         return len(await asyncio.to_thread(self._render_all, request))
 
     async def complete(self, request: ChatRequest, call_id: str, session: SessionView | None = None) -> ChatResult:
-        if any(isinstance(p, ImagePart) for m in request.messages for p in m.content):
+        if _has_images(request):
             result = await self.chat.complete(request, call_id)  # vLLM's own multimodal processing
             result.prompt_mode = "chat-template (images)"
             return result
+        prompt_ids, mode = await self._prompt(request, session)
+        path, body = await self._sampling_request(prompt_ids, request, stream=False)
+        data = await self.chat.http.call("POST", path, body)
+        sampled, logprobs, finish, stop_reason, version = (_from_generate if path == GENERATE else _from_completions)(data)
+        result = self.result(request, call_id, prompt_ids, sampled, logprobs, finish, stop_reason, version)
+        result.prompt_mode = mode
+        return result
+
+    async def stream(self, request: ChatRequest, call_id: str, session: SessionView | None = None) -> UpstreamStream:
+        if _has_images(request):
+            return _Labelled(await self.chat.stream(request, call_id), "chat-template (images)")
+        prompt_ids, mode = await self._prompt(request, session)
+        path, body = await self._sampling_request(prompt_ids, request, stream=True)
+        return TokenStream(StreamRequest(self.chat.http, path, body), self, request, call_id, prompt_ids, mode)
+
+    async def _prompt(self, request: ChatRequest, session: SessionView | None) -> tuple[list[int], str]:
+        """The prompt ids: the session's turn extended by the new messages, else the whole conversation
+        rendered (and why)."""
         extension, reason = session.extension(request) if session else (None, "no session state")
         if extension is not None:
             prompt_ids, mode = self._extend(extension, request)
-            if prompt_ids is None:
-                extension, reason = None, mode
-        if extension is None:
-            prompt_ids = await asyncio.to_thread(self._render_all, request)
-            mode = f"re-render: {reason}"
-        sampled, logprobs, finish, stop_reason, version = await self._sample(prompt_ids, request)
-        result = self._result(request, call_id, prompt_ids, sampled, logprobs, finish, stop_reason, version)
-        result.prompt_mode = mode
-        return result
+            if prompt_ids is not None:
+                return prompt_ids, mode
+            reason = mode
+        return await asyncio.to_thread(self._render_all, request), f"re-render: {reason}"
 
     # -- prompt construction ---------------------------------------------------------------
 
@@ -94,7 +113,8 @@ class TokenFaithful:
             self._max_model_len = next((c.get("max_model_len") for c in cards if c.get("max_model_len")), 0) or 32768
         return self._max_model_len
 
-    async def _sample(self, prompt_ids: list[int], request: ChatRequest):
+    async def _sampling_request(self, prompt_ids: list[int], request: ChatRequest, stream: bool) -> tuple[str, dict]:
+        """The token-in call for these prompt ids: its path and body."""
         s = request.sampling
         window = await self._limit()
         room = window - len(prompt_ids)
@@ -111,22 +131,23 @@ class TokenFaithful:
             params["stop"] = s.stop
         if self.endpoint == "auto":
             self.endpoint = await self._probe_generate()
+        streaming = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
         if self.endpoint == "generate":
-            body = {"model": await self.model(), "token_ids": prompt_ids, "sampling_params": {**params, "logprobs": 0},
-                    "output_mode": "tokens", "return_token_ids": True}
-            return _from_generate(await self.chat.http.call("POST", "/inference/v1/generate", body))
-        body = {"model": await self.model(), "prompt": prompt_ids, **params, "logprobs": 0,
-                "return_token_ids": True, "skip_special_tokens": False}
-        return _from_completions(await self.chat.http.call("POST", "/v1/completions", body))
+            return GENERATE, {"model": await self.model(), "token_ids": prompt_ids,
+                              "sampling_params": {**params, "logprobs": 0}, "output_mode": "tokens",
+                              "return_token_ids": True, **streaming}
+        return COMPLETIONS, {"model": await self.model(), "prompt": prompt_ids, **params, "logprobs": 0,
+                             "return_token_ids": True, "skip_special_tokens": False, **streaming}
 
     async def _probe_generate(self) -> str:
         """vLLM offers /inference/v1/generate only when started with --enable-scale-out."""
-        status = await self.chat.http.status("POST", "/inference/v1/generate", {})
+        status = await self.chat.http.status("POST", GENERATE, {})
         endpoint = "generate" if status is not None and status not in (404, 405) else "completions"
-        log.info("token-in calls go to %s", "/inference/v1/generate" if endpoint == "generate" else "/v1/completions")
+        log.info("token-in calls go to %s", GENERATE if endpoint == "generate" else COMPLETIONS)
         return endpoint
 
-    def _result(self, request, call_id, prompt_ids, sampled, logprobs, finish, stop_reason, version) -> ChatResult:
+    def result(self, request, call_id, prompt_ids, sampled, logprobs, finish, stop_reason, version) -> ChatResult:
+        """A sampled turn, decoded and parsed by the template's model family (whole, or as a stream ended)."""
         eos = self.template.eos_token_ids
         body = sampled[:-1] if sampled and sampled[-1] in eos else sampled
         text = self.template.decode(body)
@@ -159,6 +180,36 @@ class TokenFaithful:
             policy_version=version,
             malformed=list(parsed.malformed),
         )
+
+
+def _has_images(request: ChatRequest) -> bool:
+    return any(isinstance(p, ImagePart) for m in request.messages for p in m.content)
+
+
+class _Labelled:
+    """A chat stream whose result says how its prompt was built."""
+
+    def __init__(self, inner: UpstreamStream, mode: str):
+        self.inner, self.mode = inner, mode
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return self.inner.prompt_tokens
+
+    async def accepted(self, timeout: float | None) -> bool:
+        return await self.inner.accepted(timeout)
+
+    def __aiter__(self):
+        return aiter(self.inner)
+
+    def result(self) -> ChatResult:
+        return self.inner.result().model_copy(update={"prompt_mode": self.mode})
+
+    def partial(self) -> ChatResult:
+        return self.inner.partial().model_copy(update={"prompt_mode": self.mode})
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def _from_generate(data: Any):

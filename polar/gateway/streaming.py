@@ -1,0 +1,213 @@
+"""One streamed model call, from the upstream's first chunk to its committed capture.
+
+The body of a streamed answer is an async iterator of bytes (`StreamingCall.chunks`) that whoever
+writes to the client drains: the mitmproxy relay (mitm/relay.py), or a test. Each upstream chunk is
+rendered and handed on at once; silences longer than `keepalive_s` get the provider's keep-alive.
+The capture row, with every token id, is committed before the stream's terminal event goes out;
+if that commit fails the client gets the provider's error event instead of an end it could trust.
+
+How a stream can end, and what the row then says:
+- finished: status ok, the whole turn (its terminal event follows the commit);
+- the upstream breaks off or fails mid-stream: the provider's error event, the row an error with the
+  tokens sampled so far;
+- the client goes away (or never comes to read): the upstream request is closed at once, so vLLM
+  aborts it and frees the sequence, and the row is kept with the partial tokens as client_disconnected.
+Exactly one of these settles each call, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from polar.canonical import ChatResult, Delta, ReasoningDelta, TextDelta
+from polar.capture.records import CallEnd
+from polar.errors import GatewayError
+from polar.providers.stream import StreamRenderer
+from polar.upstream.base import UpstreamStream
+
+log = logging.getLogger("polar.gateway")
+
+# settle(end, result) → None once the row committed, else why it could not be. Given by the pipeline: it
+# fills the row from what the call learnt, commits it and remembers the turn.
+Settle = Callable[[CallEnd, ChatResult | None], Awaitable[str | None]]
+
+CLIENT_GONE = "client_disconnected"
+
+
+@dataclass
+class StreamReply:
+    """A streamed answer: status and headers now, the body as the upstream produces it."""
+
+    status: int
+    headers: dict[str, str]
+    call: StreamingCall
+
+
+@dataclass
+class _Fed:
+    """What the client was sent, to check it against the final parse."""
+
+    reasoning: list[str] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, list[str]] = field(default_factory=dict)  # index → [name, argument pieces…]
+    text_after_call: bool = False
+    first_at: float | None = None
+
+    def add(self, delta: Delta) -> None:
+        if isinstance(delta, ReasoningDelta):
+            self.reasoning.append(delta.text)
+        elif isinstance(delta, TextDelta):
+            self.text.append(delta.text)
+            self.text_after_call = self.text_after_call or (bool(self.calls) and bool(delta.text.strip()))
+        else:
+            self.calls.setdefault(delta.index, [delta.name or ""]).append(delta.arguments)
+
+    def differences(self, result: ChatResult) -> list[str]:
+        """Notes for the capture when the streamed answer is not the final one (never expected but the
+        late-text case; a check against a parser drifting from the stream)."""
+        notes = []
+        reasoning = result.reasoning.text if result.reasoning and not result.reasoning.redacted else ""
+        if "".join(self.reasoning) != reasoning:
+            notes.append("stream: the streamed reasoning differs from the final parse")
+        if "".join(self.text) != result.content:
+            notes.append("stream: the streamed text differs from the final parse")
+        calls = [(c[0], "".join(c[1:])) for c in self.calls.values()]
+        if calls != [(c.name, c.arguments) for c in result.tool_calls]:
+            notes.append("stream: the streamed tool calls differ from the final parse")
+        if self.text_after_call:
+            notes.append("stream: text the model wrote after a tool call was sent after that call "
+                         "(the answer's own shape puts all text first)")
+        return notes
+
+
+class StreamingCall:
+    def __init__(self, upstream: UpstreamStream, renderer: StreamRenderer, settle: Settle, slot: AsyncExitStack,
+                 keepalive_s: float = 0.0, provider_status: Callable[[GatewayError], int] | None = None):
+        self.upstream, self.renderer, self._settle, self._slot = upstream, renderer, settle, slot
+        self.keepalive_s = keepalive_s
+        self._status = provider_status or (lambda err: 500)
+        self.fed = _Fed()
+        self.sent: list[bytes] = []
+        self.started = False
+        self.settled = False
+        self._done = asyncio.Event()
+        self._cleanup: asyncio.Task | None = None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body, chunk by chunk. Drain it to the end, or `aclose` it (then `abandon`) when the client goes."""
+        if self.started or self.settled:
+            raise RuntimeError("a streamed answer can be read once")
+        self.started = True
+        try:
+            opening = self.renderer.opening(self.upstream.prompt_tokens)
+            if opening:
+                yield self._sent(opening)
+            async for deltas in _paced(self.upstream, self.keepalive_s):
+                if deltas is None:  # silence: queue, prefill, a long pause
+                    yield self._sent(self.renderer.keepalive())
+                    continue
+                out = self.renderer.opening(self.upstream.prompt_tokens)
+                for delta in deltas:
+                    self.fed.add(delta)
+                    out += self.renderer.delta(delta)
+                if out:
+                    self.fed.first_at = self.fed.first_at or time.time()
+                    yield self._sent(out)
+        except GatewayError as err:  # the upstream broke off, timed out or failed mid-stream
+            tail = self.renderer.error(err, self._status(err))
+            await self._finish(self._broken(err, tail), self._partial())
+            yield self._sent(tail)
+            return
+        except (asyncio.CancelledError, GeneratorExit):  # the client went away while we waited upstream
+            self.abandon()
+            raise
+        result = self.upstream.result()
+        tail = self.renderer.finish(result)
+        end = CallEnd(status="ok", http_status=200, response_body=b"".join([*self.sent, tail]), t_end=0.0,
+                      rewrites=self.fed.differences(result))
+        if failure := await self._finish(end, result):  # not durable: the client must not take it as the end
+            failed = GatewayError("internal", f"polar could not record this call: {failure}")
+            yield self._sent(self.renderer.error(failed, self._status(failed)))
+            return
+        yield self._sent(tail)
+
+    def abandon(self) -> None:
+        """The client is gone (or never came to read): abort upstream and keep what was sampled. Idempotent;
+        the work runs in a task of its own, so a cancelled caller cannot cut it short."""
+        if self.settled or self._cleanup is not None:
+            return
+        self._cleanup = asyncio.get_running_loop().create_task(self._record_disconnect())
+
+    async def wait_settled(self) -> None:
+        """Until the call's row is committed (or could not be) and its upstream is closed."""
+        await self._done.wait()
+
+    # -- settling ---------------------------------------------------------------------------------
+
+    async def _record_disconnect(self) -> None:
+        await self.upstream.aclose()
+        partial = self._partial()
+        n = len(partial.completion_token_ids) if partial is not None else 0
+        end = CallEnd(status=CLIENT_GONE, http_status=200, response_body=b"".join(self.sent), t_end=0.0,
+                      error_kind=CLIENT_GONE, finish_reason="abort",
+                      error=f"the client closed the stream after {n} sampled tokens; the upstream request was aborted")
+        await self._finish(end, partial)
+
+    def _broken(self, err: GatewayError, tail: bytes) -> CallEnd:
+        return CallEnd(status="error", http_status=200, response_body=b"".join([*self.sent, tail]), t_end=0.0,
+                       error_kind=err.kind, error=err.message, finish_reason="abort")
+
+    def _partial(self) -> ChatResult | None:
+        try:
+            return self.upstream.partial()
+        except Exception:  # noqa: BLE001 — a turn too broken to read still leaves its row
+            log.exception("could not read the partial turn of a broken stream")
+            return None
+
+    async def _finish(self, end: CallEnd, result: ChatResult | None) -> str | None:
+        if self.settled:
+            return None
+        self.settled = True
+        try:
+            await self.upstream.aclose()
+            if self.fed.first_at is not None:
+                end.t_first = self.fed.first_at
+            return await self._settle(end, result)
+        finally:
+            await self._slot.aclose()  # the sampling gate's slot: the upstream is done with this call
+            self._done.set()
+
+    def _sent(self, data: bytes) -> bytes:
+        self.sent.append(data)
+        return data
+
+
+async def _paced(source: UpstreamStream, interval: float) -> AsyncIterator[Any]:
+    """The source's items, with None whenever it has been silent for `interval` seconds (0: never)."""
+    items = aiter(source)
+    if interval <= 0:
+        async for item in items:
+            yield item
+        return
+    pending = asyncio.ensure_future(anext(items))
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield None
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            yield item
+            pending = asyncio.ensure_future(anext(items))
+    finally:
+        if not pending.done():
+            pending.cancel()

@@ -1,0 +1,50 @@
+"""What vLLM answered, as a ChatResult: shared by the whole answers and the streams of every endpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polar.canonical import ChatRequest, ChatResult, Reasoning, ToolCall, Usage
+
+
+def chat_result(
+    call_id: str, request: ChatRequest, *, model: str, created: int, content: str, reasoning: str | None,
+    tool_calls: list[ToolCall], finish: str | None, stop_reason: Any, usage: dict, prompt_ids: list[int],
+    completion_ids: list[int], logprobs: list,
+) -> ChatResult:
+    """What vLLM's chat endpoint answered (whole or accumulated from its stream), as a ChatResult."""
+    finish = finish or "stop"
+    stop_sequence = stop_reason if isinstance(stop_reason, str) and stop_reason in request.sampling.stop else None
+    if tool_calls and finish != "length":
+        finish = "tool_calls"
+    elif stop_sequence is not None:
+        finish = "stop_sequence"
+    elif finish not in ("stop", "length", "tool_calls", "content_filter"):
+        finish = "stop"
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return ChatResult(
+        id=call_id,
+        model=model,
+        created=created,
+        content=content,
+        reasoning=Reasoning(text=reasoning) if reasoning else None,
+        tool_calls=tool_calls,
+        finish_reason=finish,
+        stop_sequence=stop_sequence,
+        usage=Usage(
+            prompt_tokens=usage.get("prompt_tokens", len(prompt_ids)),
+            completion_tokens=usage.get("completion_tokens", len(completion_ids)),
+            cached_tokens=cached,
+        ),
+        prompt_token_ids=prompt_ids,
+        completion_token_ids=completion_ids,
+        completion_logprobs=logprobs_or_none(logprobs, len(completion_ids)),
+    )
+
+
+def logprobs_or_none(values: list, n_tokens: int) -> list[float] | None:
+    """The sampled tokens' logprobs, or None when the upstream did not give one for every token:
+    a trainer must see that they are missing, never a made-up 0.0 (probability one)."""
+    if len(values) != n_tokens or any(not isinstance(v, (int, float)) for v in values):
+        return None
+    return [float(v) for v in values]

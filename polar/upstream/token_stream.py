@@ -1,0 +1,107 @@
+"""A token-faithful turn as vLLM samples it: token ids in, deltas out, the same turn as the whole answer.
+
+vLLM's token-in endpoints stream token ids (and their logprobs) and nothing else: /inference/v1/generate
+or /v1/completions with `stream: true`. Here the ids are decoded incrementally and parsed as they come
+(polar/tokens/stream_parse.py), so reasoning, text and each finished tool call reach the client while
+the model is still writing. The final result is built from the ids exactly as the non-streamed call
+builds it (`TokenFaithful.result`), so the capture never depends on how the stream was cut.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from polar.canonical import ChatRequest, ChatResult, Delta, ToolCallDelta
+from polar.errors import GatewayError
+from polar.tokens.messages import to_openai_tools
+from polar.tokens.stream_parse import IncrementalDecoder, TurnStream
+from polar.upstream.http import StreamRequest
+
+if TYPE_CHECKING:
+    from polar.upstream.vllm_tokens import TokenFaithful
+
+
+class TokenStream:
+    def __init__(self, upstream: StreamRequest, backend: TokenFaithful, request: ChatRequest, call_id: str,
+                 prompt_ids: list[int], mode: str):
+        self.upstream, self.backend, self.request, self.call_id = upstream, backend, request, call_id
+        self.prompt_ids, self.mode = prompt_ids, mode
+        template = backend.template
+        self.eos = set(template.eos_token_ids)
+        self.decoder = IncrementalDecoder(template.tokenizer)
+        self.turn = TurnStream(template.family, think_open=template.generation_prompt_opens_think(request.thinking.enabled),
+                               tools=to_openai_tools(request.tools), stop_strings=request.sampling.stop)
+        self.ids: list[int] = []
+        self.logprobs: list[Any] = []
+        self.finish: str | None = None
+        self.stop_reason: Any = None
+        self.version: Any = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)  # polar built the prompt: known before the first token
+
+    async def accepted(self, timeout: float | None) -> bool:
+        return await self.upstream.accepted(timeout)
+
+    async def __aiter__(self) -> AsyncIterator[list[Delta]]:
+        url = self.upstream.url
+        async for data in self.upstream.data():
+            if data == "[DONE]":
+                break
+            try:
+                text = self._take(json.loads(data))
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+                raise GatewayError("upstream_error", f"the upstream {url} sent a stream chunk without token ids "
+                                                     f"({type(exc).__name__}: {exc})") from None
+            yield _complete(self.turn.feed(text)) if text else []
+        if self.finish is None:
+            raise GatewayError("upstream_error", f"the upstream {url} ended its stream before the answer finished")
+        self.decoder.finish()
+        yield _complete(self.turn.finish(self.finish, full_text=self.backend.template.decode(self._body())))
+
+    def _take(self, chunk: dict[str, Any]) -> str:
+        """Account for one chunk's tokens; the text they add."""
+        if "error" in chunk:  # vLLM's in-stream error: the generation failed after it started
+            err = chunk["error"]
+            raise GatewayError("upstream_error", f"the upstream failed mid-stream: {err.get('message', err)}")
+        text = []
+        for choice in chunk.get("choices") or []:
+            new = choice.get("token_ids") or []
+            self.ids += new
+            logprobs = choice.get("logprobs") or {}
+            if "content" in logprobs:  # /inference/v1/generate: [{token_id, logprob, …}]
+                self.logprobs += [item.get("logprob") for item in logprobs["content"] or []]
+            else:  # /v1/completions: the legacy parallel lists
+                self.logprobs += logprobs.get("token_logprobs") or []
+            # A stop id ends the turn: its text is no part of the answer (as the whole answer is decoded).
+            text.append(self.decoder.step([t for t in new if t not in self.eos]))
+            if choice.get("finish_reason") is not None:
+                self.finish, self.stop_reason = choice["finish_reason"], choice.get("stop_reason")
+                versions = choice.get("weight_versions") or []
+                self.version = versions[-1].get("version") if versions else None
+        return "".join(text)
+
+    def _body(self) -> list[int]:
+        return self.ids[:-1] if self.ids and self.ids[-1] in self.eos else self.ids
+
+    def result(self) -> ChatResult:
+        result = self.backend.result(self.request, self.call_id, self.prompt_ids, self.ids, self.logprobs,
+                                     self.finish or "length", self.stop_reason, self.version)
+        result.prompt_mode = self.mode
+        return result
+
+    partial = result  # the ids sampled before the stream broke off or was closed
+
+    async def aclose(self) -> None:
+        self.upstream.close()
+
+
+def _complete(deltas: list[Delta]) -> list[Delta]:
+    """A parsed call reaches the client whole: say so, so it can act on it at once."""
+    for delta in deltas:
+        if isinstance(delta, ToolCallDelta):
+            delta.complete = True
+    return deltas
