@@ -11,6 +11,11 @@ against the very answer vLLM gave for that call.
 A tap can also play a different upstream: `refuse` paths get a 404 as from a server without them
 (a vLLM started without --enable-scale-out has no /inference/v1/generate), and `edit` rewrites a
 JSON answer before polar sees it (what the tap records is what polar saw).
+
+Streamed answers pass through as they come (chunk by chunk, so streaming stays real), and are
+recorded as the one answer their chunks add up to, in the shape of the same call made without
+streaming: token ids and logprobs concatenated, the prompt ids of the first chunk, the finish of
+the last (`stream_answer`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 # Hop-by-hop and framing headers: httpx sets its own for the forwarded request and the reply.
@@ -62,6 +67,9 @@ class Tap:
             return Response('{"detail":"Not Found"}', status_code=404, media_type="application/json")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
         url = self.upstream + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        sent = _json(body)
+        if isinstance(sent, dict) and sent.get("stream") and self.edit is None:
+            return await self._stream(request, url, body, headers)
         async with httpx.AsyncClient(timeout=self.timeout) as client:
             answer = await client.request(request.method, url, content=body, headers=headers)
         content, answered = answer.content, _json(answer.content)
@@ -73,6 +81,28 @@ class Tap:
             self._exchanges.append(exchange)
         kept = {k: v for k, v in answer.headers.items() if k.lower() not in _NOT_FORWARDED}
         return Response(content, status_code=answer.status_code, headers=kept)
+
+    async def _stream(self, request: Request, url: str, body: bytes, headers: dict) -> Response:
+        client = httpx.AsyncClient(timeout=self.timeout)
+        answer = await client.send(client.build_request(request.method, url, content=body, headers=headers), stream=True)
+        kept = {k: v for k, v in answer.headers.items() if k.lower() not in _NOT_FORWARDED}
+        received: list[bytes] = []
+
+        async def relay():
+            try:
+                async for data in answer.aiter_raw():
+                    received.append(data)
+                    yield data
+            finally:
+                await answer.aclose()
+                await client.aclose()
+                raw = b"".join(received)
+                answered = stream_answer(raw) if answer.status_code == 200 else _json(raw)
+                with self._lock:
+                    self._exchanges.append(Exchange(request.method, request.url.path, _json(body), answer.status_code,
+                                                    answered))
+
+        return StreamingResponse(relay(), status_code=answer.status_code, headers=kept)
 
     def exchanges(self) -> list[Exchange]:
         with self._lock:
@@ -88,6 +118,40 @@ class Tap:
     def clear(self) -> None:
         with self._lock:
             self._exchanges.clear()
+
+
+def stream_answer(raw: bytes) -> dict[str, Any] | None:
+    """A vLLM SSE stream (chat, completions or generate) as the answer the same call gives unstreamed."""
+    chunks = [json.loads(line[5:]) for line in raw.decode().splitlines()
+              if line.startswith("data:") and line[5:].strip() != "[DONE]"]
+    if not chunks:
+        return None
+    answer: dict[str, Any] = {k: v for k, v in chunks[0].items() if k != "choices"}
+    choice: dict[str, Any] = {"token_ids": [], "logprobs": None}
+    message: dict[str, Any] = {"role": "assistant", "content": "", "reasoning": ""}
+    for chunk in chunks:
+        if chunk.get("usage"):
+            answer["usage"] = chunk["usage"]
+        for part in chunk.get("choices") or []:
+            choice["token_ids"] += part.get("token_ids") or []
+            lp = part.get("logprobs")
+            if lp:
+                merged = choice["logprobs"] or {}
+                for key, value in lp.items():
+                    merged[key] = (merged.get(key) or []) + (value or []) if isinstance(value, list) else value
+                choice["logprobs"] = merged
+            delta = part.get("delta") or {}
+            message["content"] += delta.get("content") or ""
+            message["reasoning"] += delta.get("reasoning") or ""
+            if "text" in part:
+                choice["text"] = choice.get("text", "") + (part["text"] or "")
+            for key in ("finish_reason", "stop_reason", "weight_versions"):
+                if part.get(key) is not None:
+                    choice[key] = part[key]
+    if "delta" in (chunks[0].get("choices") or [{}])[0]:
+        choice["message"] = message
+    answer["choices"] = [choice]
+    return answer
 
 
 def _json(raw: bytes) -> Any:
