@@ -1,6 +1,7 @@
 """mitmweb's "polar" view, in a real browser: `polar proxy --web` in a subprocess, an agent turn through
-it with the official OpenAI SDK, then Chromium selects the call, picks the polar view, and reads the
-session, the trajectory and the sampled tokens the capture store holds."""
+it with the official OpenAI SDK (its second call streamed, as harnesses call), then Chromium selects the
+streamed call, picks the polar view, and reads the session, the trajectory and the sampled tokens the
+capture store holds."""
 
 from __future__ import annotations
 
@@ -22,15 +23,16 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
 
 
 def _agent_turn(base_url: str, session: str) -> None:
-    """A tool call, then the answer after the tool result: two calls, one trajectory."""
+    """A tool call, then the streamed answer after the tool result: two calls, one trajectory."""
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="k", default_headers={"x-polar-session": session})
     messages = [{"role": "user", "content": "What does the README say?"}]
     first = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS).choices[0].message
     (call,) = first.tool_calls
     messages += [first.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id, "content": "polar shows every call in mitmweb"}]
-    second = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS).choices[0].message
-    assert second.content == "The README says polar shows every call."
+    chunks = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, stream=True)
+    second = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert second == "The README says polar shows every call."
 
 
 @pytest.mark.browser
