@@ -253,7 +253,7 @@ class ScriptedVLLM:
         choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
                   "stop_reason": stop_reason, "token_ids": ids if with_ids else None, "routed_experts": None}
         usage = wire.usage(len(prompt_ids), len(ids))
-        usage["completion_tokens_details"] = {"reasoning_tokens": stream.reasoning_tokens(self, ids, thinking)}
+        usage["completion_tokens_details"] = {"reasoning_tokens": ([0] + stream.reasoning_counts(self, prompt_ids, ids, thinking, False))[-1]}
         return JSONResponse({
             "id": f"chatcmpl-{secrets.token_hex(8)}", "object": "chat.completion", "created": int(time.time()),
             "model": self.model_name, "choices": [choice], "service_tier": None, "system_fingerprint": FINGERPRINT,

@@ -74,17 +74,21 @@ def pieces(double: ScriptedVLLM, sample: Sample, stop: Any, skip_special_tokens:
         released = upto
 
 
-def reasoning_tokens(double: ScriptedVLLM, ids: list[int], thinking: bool) -> int:
-    """How vLLM's qwen3 reasoning parser counts reasoning tokens: those before `</think>`, the tags and
-    the stop token left out."""
-    if not thinking:
-        return 0
-    count = 0
+def reasoning_counts(double: ScriptedVLLM, prompt_ids: list[int], ids: list[int], thinking: bool,
+                     streamed: bool = True) -> list[int]:
+    """The reasoning-token count after each token, as vLLM's qwen3 parser keeps it: tokens before `</think>`,
+    the tags and the stop token left out. A stream counts only tokens that added reasoning text (not a piece
+    of an unfinished character); a plain answer counts them all (vLLM's two counts differ there too)."""
+    from tokenizers.decoders import DecodeStream
+
+    counts, count, ended = [], 0, not thinking
+    stream = DecodeStream(ids=prompt_ids, skip_special_tokens=True)
     for token in ids:
-        if token == double.think_end_id:
-            break
-        count += token not in (double.think_start_id, double.eos_id)
-    return count
+        piece = stream.step(double.tokenizer._tokenizer, token) if streamed else "-"
+        ended = ended or token == double.think_end_id
+        count += not ended and bool(piece) and token not in (double.think_start_id, double.eos_id)
+        counts.append(count)
+    return counts
 
 
 def chat(double: ScriptedVLLM, body: dict[str, Any], sample: Sample, prompt_text: str) -> Iterator[Step]:
@@ -97,9 +101,11 @@ def chat(double: ScriptedVLLM, body: dict[str, Any], sample: Sample, prompt_text
             "model": double.model_name}
     n_prompt, ids = len(sample.prompt_ids), sample.ids
 
+    counts = [0, *reasoning_counts(double, sample.prompt_ids, ids, mode != "none")]
+
     def usage(done: int) -> dict[str, Any]:
         return {"prompt_tokens": n_prompt, "total_tokens": n_prompt + done, "completion_tokens": done,
-                "completion_tokens_details": {"reasoning_tokens": reasoning_tokens(double, ids[:done], mode != "none")}}
+                "completion_tokens_details": {"reasoning_tokens": counts[done]}}
 
     first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   "finish_reason": None}]}

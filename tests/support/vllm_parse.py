@@ -3,9 +3,10 @@
 Executed by the vLLM venv's Python (not polar's): reads a JSON list of cases on stdin, writes one JSON
 list of results on stdout. A case: {"model_dir", "tool_parser", "tools", "kwargs" (chat template
 kwargs), "prompt_ids", "output_ids", "eos_ids"}. A result: {"deltas": [DeltaMessage as vLLM
-serialises it, or null, per token], "text", "reasoning", "content", "calls", "reasoning_tokens": [per
-token, as the stream counts them]}. The detokenizer is vLLM's (tokenizers' DecodeStream primed with
-the prompt), and a final stop token is not detokenized, as in vLLM's engine.
+serialises it, or null, per token], "text", "reasoning", "content", "calls" (the plain answer's parse),
+"reasoning_tokens": [per token, as the stream counts them], "reasoning_tokens_whole" (as the plain answer
+counts them)}. The detokenizer is vLLM's (tokenizers' DecodeStream primed with the prompt), and a final stop
+token is not detokenized, as in vLLM's engine.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def run(case: dict, tokenizers_cache: dict) -> dict:
     whole = cls(tok, request.tools, chat_template_kwargs=kwargs)
     reasoning, content, calls = whole.parse(text, request, enable_auto_tools=True, model_output_token_ids=ids)
     return {"deltas": deltas, "text": text, "reasoning": reasoning, "content": content,
-            "calls": [json.loads(c.model_dump_json()) for c in calls or []], "reasoning_tokens": counts}
+            "calls": [json.loads(c.model_dump_json()) for c in calls or []], "reasoning_tokens": counts,
+            "reasoning_tokens_whole": whole.count_reasoning_tokens(ids)}
 
 
 def main() -> None:
