@@ -55,14 +55,19 @@ def proxy(upstream, upstream_model, tokenizer, db, mode, host, port, web, web_po
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--max-model-len", default=32768, show_default=True, type=int)
-def double(tokenizer_dir, model_name, script_path, host, port, max_model_len) -> None:
+@click.option("--token-delay", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds per sampled token (streams are paced by it; a plain answer takes the sum).")
+@click.option("--first-token-delay", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds before the first token (queue and prefill).")
+def double(tokenizer_dir, model_name, script_path, host, port, max_model_len, token_delay, first_token_delay) -> None:
     """Serve the scripted vLLM TEST DOUBLE (real tokenizer, scripted answers)."""
     import uvicorn
 
     from polar.doubles.scripted_vllm import Script, ScriptedVLLM
 
     script = Script.from_json(json.loads(Path(script_path).read_text())) if script_path else None
-    app = ScriptedVLLM(tokenizer_dir, model_name, max_model_len=max_model_len, script=script).app
+    app = ScriptedVLLM(tokenizer_dir, model_name, max_model_len=max_model_len, script=script,
+                       token_delay_s=token_delay, first_token_delay_s=first_token_delay).app
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 

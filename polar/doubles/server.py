@@ -6,7 +6,9 @@ same chat template as the gateway (`chat_template=`, or switched at run time thr
 POST /_double/template), so prompt token ids are what vLLM would compute; the *answer* comes from
 a script (script.py), written the way that template's model family writes a turn (model_format.py)
 and tokenised, so sampled ids, text, reasoning and tool calls agree with each other.
-`tests/integration/test_double_vs_vllm.py` keeps its wire format honest against real vLLM.
+Streams (`stream: true`) tell the same sample token by token in vLLM's SSE shapes (stream.py), paced
+like a real model and aborted when the client leaves (sse.py). `tests/integration/test_double_vs_vllm.py`
+keeps its wire format honest against real vLLM.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from polar.doubles import wire
+from polar.doubles import stream, wire
 from polar.doubles.logprobs import FakeLogprobs
 from polar.doubles.model_format import ModelFormat
 from polar.doubles.script import Script
+from polar.doubles.sse import MID_STREAM, EventStream, Pace, Stats, wait_unless_gone
+from polar.doubles.stream import Sample
 
 FINGERPRINT = "scripted-vllm-double"
 # vLLM's max_tokens when a request names none: the rest of the window for chat, 16 for the token endpoints.
@@ -43,6 +47,8 @@ class ScriptedVLLM:
         script: Script | None = None,
         latency_s: float = 0.0,
         chat_template: str | Path | None = None,
+        token_delay_s: float = 0.0,
+        first_token_delay_s: float = 0.0,
     ):
         # a heavy import, only when a double is built
         from transformers import AutoTokenizer
@@ -55,11 +61,15 @@ class ScriptedVLLM:
         self.script = script or Script()
         self.latency_s = latency_s
         self.eos_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.think_start_id = self.tokenizer.convert_tokens_to_ids("<think>")
         self.think_end_id = self.tokenizer.convert_tokens_to_ids("</think>")
+        self.fingerprint = FINGERPRINT
         self.vocab_size = len(self.tokenizer)
         self.logprobs = FakeLogprobs(self.tokenizer)
         self.requests: list[dict[str, Any]] = []  # what polar sent (path, headers, body), for tests
-        self.generations = 0  # requests with a body received, ever (`requests` keeps only the last 1000)
+        self.stats = Stats()  # GET /_double/stats
+        self.pace = Pace()  # POST /_double/pace
+        self.pace.update({"token_delay_s": token_delay_s, "first_token_delay_s": first_token_delay_s})
         self.fault: dict[str, Any] = {}
         self.app = Starlette(
             routes=[
@@ -74,6 +84,8 @@ class ScriptedVLLM:
                 Route("/_double/fault", self.set_fault, methods=["POST"]),
                 Route("/_double/template", self.set_template, methods=["GET", "POST"]),
                 Route("/_double/requests", self.get_requests, methods=["GET", "DELETE"]),
+                Route("/_double/pace", self.set_pace, methods=["GET", "POST"]),
+                Route("/_double/stats", self.get_stats, methods=["GET", "DELETE"]),
             ]
         )
 
@@ -111,9 +123,32 @@ class ScriptedVLLM:
         return JSONResponse({"rules": len(self.script.rules)})
 
     async def set_fault(self, request: Request) -> Response:
-        """Make the next `count` model calls fail: status (e.g. 500), garbage, timeout, reset."""
+        """Make the next `count` model calls fail: status (e.g. 500), garbage, timeout, reset; or the next
+        `count` streams: die_mid_stream (the connection breaks after `after_tokens` tokens, no [DONE]) or
+        error_mid_stream (vLLM's streaming error chunk, then [DONE]). Plain calls leave those to streams."""
         self.fault = await request.json()
         return JSONResponse(self.fault)
+
+    async def set_pace(self, request: Request) -> Response:
+        """Test-only: `{"token_delay_s": s, "first_token_delay_s": s}` (either); GET: the current values."""
+        if request.method == "POST":
+            try:
+                self.pace.update(await request.json())
+            except (ValueError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+                return wire.error(400, f"bad pace: {exc}")
+        return JSONResponse({"token_delay_s": self.pace.token_delay_s,
+                             "first_token_delay_s": self.pace.first_token_delay_s})
+
+    async def get_stats(self, request: Request) -> Response:
+        """Counters of generations and streams (DELETE zeroes them, but for the streams still running)."""
+        if request.method == "DELETE":
+            self.stats = Stats(active_streams=self.stats.active_streams)
+        return JSONResponse(self.stats.as_dict())
+
+    @property
+    def generations(self) -> int:
+        """Requests with a body received, ever (`requests` keeps only the last 1000)."""
+        return self.stats.generations
 
     async def get_requests(self, request: Request) -> Response:
         if request.method == "DELETE":
@@ -127,7 +162,7 @@ class ScriptedVLLM:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise wire.Invalid(wire.validation(f"body.{getattr(exc, 'pos', 0)}", "json_invalid", "JSON decode error")) from None
         if record:
-            self.generations += bool(body)
+            self.stats.generations += bool(body)
             self.requests.append({"path": request.url.path, "headers": dict(request.headers), "body": body})
             del self.requests[:-1000]  # bounded: long benchmarks must not grow it forever
         if not isinstance(body, dict):
@@ -139,11 +174,17 @@ class ScriptedVLLM:
                                   "NotFoundError", "model"))
         return body
 
-    async def _maybe_fault(self) -> Response | None:
+    async def _maybe_fault(self, body: dict[str, Any]) -> Response | dict[str, Any] | None:
+        """The scripted failure this call suffers: a response to send instead, or the mid-stream fault its
+        stream is to suffer (a plain call leaves those to the next stream)."""
         if not self.fault or self.fault.get("count", 1) <= 0:
             return None
-        self.fault["count"] = self.fault.get("count", 1) - 1
         mode = self.fault.get("mode")
+        if mode in MID_STREAM and not body.get("stream"):
+            return None
+        self.fault["count"] = self.fault.get("count", 1) - 1
+        if mode in MID_STREAM:
+            return dict(self.fault)
         if mode == "timeout":
             await asyncio.sleep(float(self.fault.get("seconds", 3600)))
         if mode == "garbage":
@@ -153,6 +194,16 @@ class ScriptedVLLM:
         if mode == "status":
             return wire.error(int(self.fault.get("status", 500)), "scripted upstream failure")
         return None
+
+    def _stream(self, steps, fault: Response | dict[str, Any] | None) -> Response:
+        return EventStream(steps, self.pace, self.stats, fault if isinstance(fault, dict) else None)
+
+    async def _busy(self, request: Request, tokens: int) -> bool:
+        """A plain answer takes as long as its stream would; False when the client left meanwhile."""
+        if await wait_unless_gone(self.pace.total(tokens), request.receive):
+            self.stats.calls_aborted += 1
+            return False
+        return True
 
     # -- vLLM endpoints ----------------------------------------------------------------------
 
@@ -175,10 +226,8 @@ class ScriptedVLLM:
             wire.field(body, "messages", list, "list_type", "Input should be a valid list")
             requested = wire.max_tokens(body)
             # Validation comes first: a malformed request is refused by vLLM before it reaches the engine.
-            if (fault := await self._maybe_fault()) is not None:
+            if isinstance(fault := await self._maybe_fault(body), Response):
                 return fault
-            if body.get("stream"):
-                return wire.error(400, "the scripted vLLM double does not stream (polar never asks it to)")
             kwargs = body.get("chat_template_kwargs") or {}
             try:
                 prompt_text = self._render(body["messages"], body.get("tools"), True, kwargs)
@@ -189,9 +238,13 @@ class ScriptedVLLM:
         except wire.Invalid as invalid:
             return invalid.response
         text, ids, finish, stop_reason = self._sample(prompt_text, limit, body.get("stop"))
+        if body.get("stream"):
+            return self._stream(stream.chat(self, body, Sample(prompt_ids, ids, finish, stop_reason), prompt_text), fault)
         thinking = self.format.reasoning_mode(prompt_text) != "none"
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
+        if not await self._busy(request, len(ids)):
+            return Response(status_code=499)
         message, finish = _chat_message(self.format.parse(text, prompt_text, body.get("tools") or []), thinking,
                                         bool(body.get("tools")), finish)
         top = body.get("top_logprobs") or 0
@@ -200,7 +253,7 @@ class ScriptedVLLM:
         choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
                   "stop_reason": stop_reason, "token_ids": ids if with_ids else None, "routed_experts": None}
         usage = wire.usage(len(prompt_ids), len(ids))
-        usage["completion_tokens_details"] = {"reasoning_tokens": self._reasoning_tokens(ids) if thinking else 0}
+        usage["completion_tokens_details"] = {"reasoning_tokens": ([0] + stream.reasoning_counts(self, prompt_ids, ids, thinking, False))[-1]}
         return JSONResponse({
             "id": f"chatcmpl-{secrets.token_hex(8)}", "object": "chat.completion", "created": int(time.time()),
             "model": self.model_name, "choices": [choice], "service_tier": None, "system_fingerprint": FINGERPRINT,
@@ -218,12 +271,16 @@ class ScriptedVLLM:
             else:
                 prompt_ids = self._token_ids(body, "prompt")
             requested = wire.max_tokens(body)
-            if (fault := await self._maybe_fault()) is not None:
+            if isinstance(fault := await self._maybe_fault(body), Response):
                 return fault
             limit = self._room(len(prompt_ids), requested, "completions", text=text_prompt)
         except wire.Invalid as invalid:
             return invalid.response
         text, ids, finish, stop_reason = self._sample_ids(prompt_ids, limit, body.get("stop"))
+        if body.get("stream"):
+            return self._stream(stream.completions(self, body, Sample(prompt_ids, ids, finish, stop_reason)), fault)
+        if not await self._busy(request, len(ids)):
+            return Response(status_code=499)
         with_ids = bool(body.get("return_token_ids"))
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason,
                   "token_ids": ids if with_ids else None, "prompt_logprobs": None,
@@ -245,12 +302,16 @@ class ScriptedVLLM:
             params = wire.field(body, "sampling_params", dict, "model_type",
                             "Input should be a valid dictionary or instance of SamplingParams")
             requested = wire.max_tokens(params, "body.sampling_params")
-            if (fault := await self._maybe_fault()) is not None:
+            if isinstance(fault := await self._maybe_fault(body), Response):
                 return fault
             limit = self._room(len(prompt_ids), requested, "generate")
         except wire.Invalid as invalid:
             return invalid.response
         _, ids, finish, stop_reason = self._sample_ids(prompt_ids, limit, params.get("stop"))
+        if body.get("stream"):
+            return self._stream(stream.generate(self, body, Sample(prompt_ids, ids, finish, stop_reason)), fault)
+        if not await self._busy(request, len(ids)):
+            return Response(status_code=499)
         choice = {
             "index": 0, "finish_reason": finish, "stop_reason": stop_reason, "token_ids": ids, "routed_experts": None,
             "sampling_mask": None, "weight_versions": [{"version": "default", "start": 0, "end": len(ids)}],
@@ -361,10 +422,6 @@ class ScriptedVLLM:
     def _sample_ids(self, prompt_ids: list[int], limit: int, stop: Any) -> tuple[str, list[int], str, str | None]:
         """Token-in sampling: the script reads the decoded prompt, which also says how reasoning starts."""
         return self._sample(self.tokenizer.decode(prompt_ids, skip_special_tokens=False), limit, stop)
-
-    def _reasoning_tokens(self, ids: list[int]) -> int:
-        body = ids[:-1] if ids and ids[-1] == self.eos_id else ids
-        return body.index(self.think_end_id) if self.think_end_id in body else len(body)
 
 
 def _chat_message(

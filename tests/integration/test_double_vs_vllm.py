@@ -318,3 +318,179 @@ def test_max_tokens_past_the_window_is_clamped(double, real, path):
     for response in (mine.json(), theirs.json()):
         choice = response["choices"][0]
         assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == room
+
+
+# -- streams ----------------------------------------------------------------------------------
+# A stream's chunks differ by position: the first (chat: the role chunk; otherwise the first token's, with
+# the prompt ids), the middle ones (one per token, or per batch of tokens: vLLM merges a few into one chunk
+# when its loop lags behind the engine), the final one (the finish), the usage chunk (`choices: []`) and
+# [DONE]. Per class, the chunks' merged JSON structure must be vLLM's. Which deltas (reasoning, content,
+# tool-call pieces) come is compared over the middle and final chunks together, since a lagging vLLM may
+# put the last few tokens' deltas into its final chunk.
+
+
+def sse(client: httpx.Client, path: str, body: dict) -> list[dict | None]:
+    """The events of one stream: each chunk's JSON, None for [DONE]."""
+    events = []
+    with client.stream("POST", path, json={**body, "stream": True}) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+        for line in response.iter_lines():
+            if line:
+                assert line.startswith("data: "), line
+                events.append(None if line == "data: [DONE]" else json.loads(line[6:]))
+    return events
+
+
+def _without_delta(chunk: dict) -> dict:
+    return {**chunk, "choices": [{k: v for k, v in c.items() if k != "delta"} for c in chunk["choices"]]}
+
+
+def classes(events: list[dict | None], role_first: bool) -> dict[str, object]:
+    """Each position class's merged skeleton (deltas apart, in "deltas")."""
+    assert events[-1] is None and events.count(None) == 1, "one [DONE], last"
+    chunks = events[:-1]
+    usage = [c for c in chunks if not c["choices"]]
+    tokens = [c for c in chunks if c["choices"]]
+    assert usage == chunks[len(tokens):], "the usage chunk comes after the token chunks"
+    finals = [n for n, c in enumerate(tokens) if c["choices"][0]["finish_reason"] is not None]
+    assert finals == [len(tokens) - 1], "the finish comes on the last token chunk only"
+    first, middle, final = tokens[0], tokens[1:-1], tokens[-1]
+    out = {"first": skeleton(first), "final": skeleton(_without_delta(final)), "usage": [skeleton(c) for c in usage],
+           "middle": functools.reduce(merge, [skeleton(_without_delta(c)) for c in middle]) if middle else None}
+    if role_first:
+        out["deltas"] = functools.reduce(merge, [skeleton(c["choices"][0]["delta"]) for c in tokens[1:]])
+    return out
+
+
+def assert_same_stream_shape(mine: list[dict | None], theirs: list[dict | None], role_first: bool = False) -> None:
+    ours, vllms = classes(mine, role_first), classes(theirs, role_first)
+    if vllms["middle"] is None:  # vLLM lagged and sent every token at once: nothing to compare there
+        ours["middle"] = None
+    diff = [f"{name}: {d}" for name in ours for d in differences(ours[name], vllms[name], name)]
+    assert not diff, "\n".join(sorted(diff))
+
+
+def assembled(events: list[dict | None]) -> dict:
+    """A chat stream put back together: reasoning, content, calls, ids, logprobs, finish."""
+    out = {"reasoning": "", "content": "", "calls": [], "ids": [], "logprobs": [], "finish": None}
+    for chunk in filter(None, events):
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            out["reasoning"] += delta.get("reasoning") or ""
+            out["content"] += delta.get("content") or ""
+            for call in delta.get("tool_calls", []):
+                if "id" in call:
+                    out["calls"].append({"name": call["function"]["name"], "arguments": ""})
+                out["calls"][call["index"]]["arguments"] += call["function"].get("arguments") or ""
+            out["ids"] += choice.get("token_ids") or []
+            out["logprobs"] += (choice.get("logprobs") or {}).get("content") or []
+            out["finish"] = choice["finish_reason"] or out["finish"]
+    return out
+
+
+CHAT_STREAMS = {
+    "token-ids": {"return_token_ids": True, "logprobs": True, "top_logprobs": 2, "stream_options": {"include_usage": True}},
+    "usage": {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+    "bare": {"chat_template_kwargs": {"enable_thinking": False}},
+}
+
+
+@pytest.mark.parametrize("variant", list(CHAT_STREAMS))
+def test_chat_stream_shape(double, real, variant):
+    body = {"model": SERVED_MODEL, "messages": CONVERSATION[-1:], "max_tokens": 8, "temperature": 0,
+            **CHAT_STREAMS[variant]}
+    plain = real.post("/v1/chat/completions", json={**body, "return_token_ids": True, "stream_options": None}).json()
+    script(double, **mimic(plain["choices"][0]["message"]))
+    mine, theirs = sse(double, "/v1/chat/completions", body), sse(real, "/v1/chat/completions", body)
+    assert_same_stream_shape(mine, theirs, role_first=True)
+    assert mine[0]["prompt_token_ids"] == theirs[0]["prompt_token_ids"]
+    assert mine[0]["choices"][0]["delta"] == theirs[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    if variant == "token-ids":
+        assert theirs[0]["prompt_token_ids"] == plain["prompt_token_ids"]
+        assert assembled(theirs)["ids"] == plain["choices"][0]["token_ids"]
+
+
+@pytest.mark.parametrize("answer", list(ANSWERS))
+def test_chat_stream_of_tool_calls(double, real, answer):
+    """vLLM made to write a given answer with calls, streamed through its tool parser; the double scripted alike."""
+    from polar.doubles.scripted_vllm import Step, render_completion
+
+    content, calls = ANSWERS[answer]
+    text = render_completion(Step(content=content, tool_calls=calls), thinking=False)
+    body = {"model": SERVED_MODEL, "messages": CONVERSATION[:2], "tools": TOOLS, "max_tokens": 200, "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": False}, "stream_options": {"include_usage": True}, **TOKEN_BODY}
+    theirs = sse(real, "/v1/chat/completions", {**body, "structured_outputs": {"regex": re.escape(text)}})
+    script(double, content=content, tool_calls=calls)
+    mine = sse(double, "/v1/chat/completions", body)
+    assert_same_stream_shape(mine, theirs, role_first=True)
+    ours, vllm = assembled(mine), assembled(theirs)
+    assert ours["calls"] == vllm["calls"] and len(vllm["calls"]) == len(calls)  # arguments JSON byte for byte
+    assert ours["content"] == vllm["content"]  # the blank lines before a call included, as vLLM streams them
+    assert ours["finish"] == vllm["finish"] == "tool_calls"
+    # tool-call deltas ride on chunks that carry their token's id and logprob
+    with_calls = [c["choices"][0] for c in theirs[1:] if c and c["choices"] and c["choices"][0]["delta"].get("tool_calls")]
+    assert with_calls and all(len(c["token_ids"]) >= 1 and c["logprobs"]["content"] for c in with_calls)
+
+
+def _legacy_stream(events: list[dict | None]) -> list[dict | None]:
+    return [e if e is None or not e["choices"] else {**e, "choices": [_legacy_keys(c) for c in e["choices"]]}
+            for e in events]
+
+
+def test_completions_stream_shape(double, real, prompt_ids):
+    body = {"model": SERVED_MODEL, "prompt": prompt_ids, "max_tokens": 6, "temperature": 0, "logprobs": 0,
+            "return_token_ids": True, "stream_options": {"include_usage": True}}
+    mine, theirs = sse(double, "/v1/completions", body), sse(real, "/v1/completions", body)
+    assert_same_stream_shape(_legacy_stream(mine), _legacy_stream(theirs))
+    for events in (mine, theirs):
+        choices = [e["choices"][0] for e in events[:-1] if e["choices"]]
+        assert [c["prompt_token_ids"] for c in choices] == [prompt_ids] + [None] * (len(choices) - 1)
+        assert sum(len(c["token_ids"]) for c in choices) == 6
+
+
+def test_generate_stream_shape(double, real, prompt_ids):
+    body = {"model": SERVED_MODEL, "token_ids": prompt_ids, "output_mode": "tokens", "return_token_ids": True,
+            "sampling_params": {"max_tokens": 6, "temperature": 0, "logprobs": 0}, "stream_options": {"include_usage": True}}
+    mine, theirs = sse(double, "/inference/v1/generate", body), sse(real, "/inference/v1/generate", body)
+    assert_same_stream_shape(mine, theirs)
+    for events in (mine, theirs):
+        tokens = [e for e in events[:-1] if e["choices"]]
+        assert tokens[0]["prompt_token_ids"] == prompt_ids and all("prompt_token_ids" not in e for e in tokens[1:])
+        assert tokens[-1]["choices"][0]["weight_versions"] == [{"version": "default", "start": 0, "end": 6}]
+        assert all(e["choices"][0]["weight_versions"] is None for e in tokens[:-1])
+
+
+def _max_logprob_gap(streamed: list[float], plain: list[float]) -> float:
+    assert len(streamed) == len(plain)
+    return max(abs(a - b) for a, b in zip(streamed, plain, strict=True))
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "generate"])
+def test_real_vllm_streams_the_plain_sample(real, prompt_ids, endpoint):
+    """A fact the double relies on: a greedy request streamed gives vLLM's plain answer, token for token."""
+    n = 32
+    if endpoint == "chat":
+        path = "/v1/chat/completions"
+        body = {"model": SERVED_MODEL, "messages": CONVERSATION, "tools": TOOLS, "max_tokens": n, "temperature": 0,
+                **TOKEN_BODY}
+        plain = real.post(path, json=body).json()["choices"][0]
+        streamed = assembled(sse(real, path, body))
+        ids, lps = streamed["ids"], [e["logprob"] for e in streamed["logprobs"]]
+        plain_ids, plain_lps = plain["token_ids"], [e["logprob"] for e in plain["logprobs"]["content"]]
+        finish = streamed["finish"]
+    else:
+        path = "/inference/v1/generate"
+        body = {"model": SERVED_MODEL, "token_ids": prompt_ids, "return_token_ids": True,
+                "sampling_params": {"max_tokens": n, "temperature": 0, "logprobs": 0}}
+        plain = real.post(path, json=body).json()["choices"][0]
+        choices = [e["choices"][0] for e in sse(real, path, body)[:-1] if e["choices"]]
+        ids = sum((c["token_ids"] for c in choices), [])
+        lps = [e["logprob"] for c in choices for e in c["logprobs"]["content"]]
+        plain_ids, plain_lps = plain["token_ids"], [e["logprob"] for e in plain["logprobs"]["content"]]
+        finish = choices[-1]["finish_reason"]
+    gap = _max_logprob_gap(lps, plain_lps)
+    print(f"{endpoint}: {len(ids)} tokens streamed = plain: {ids == plain_ids}; max |Δ logprob| {gap:.3g}")
+    assert ids == plain_ids and len(ids) == n
+    assert finish == plain["finish_reason"]
+    assert gap <= 1e-2
