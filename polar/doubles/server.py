@@ -224,6 +224,7 @@ class ScriptedVLLM:
         try:
             body = await self._body(request)
             wire.field(body, "messages", list, "list_type", "Input should be a valid list")
+            wire.stream_options(body)
             requested = wire.max_tokens(body)
             # Validation comes first: a malformed request is refused by vLLM before it reaches the engine.
             if isinstance(fault := await self._maybe_fault(body), Response):
@@ -265,6 +266,7 @@ class ScriptedVLLM:
         """Token-in completion: `prompt` is a list of ids (or a string); no template, no parsers."""
         try:
             body = await self._body(request)
+            wire.stream_options(body)
             text_prompt = isinstance(body.get("prompt"), str)
             if text_prompt:
                 prompt_ids = self.tokenizer.encode(body["prompt"], add_special_tokens=False)

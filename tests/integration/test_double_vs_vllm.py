@@ -273,9 +273,14 @@ ERRORS = {
     "messages-not-a-list": ("/v1/chat/completions", {"model": SERVED_MODEL, "messages": "not a list"}),
     "body-not-an-object": ("/v1/chat/completions", [1, 2]),
     "invalid-json": ("/v1/chat/completions", b"{not json"),
+    "stream-options-without-stream": ("/v1/chat/completions", {"model": SERVED_MODEL, "messages": [
+        {"role": "user", "content": "hi"}], "stream_options": {"include_usage": True}}),
+    "stream-options-without-stream-completions": ("/v1/completions", {"model": SERVED_MODEL, "prompt": [13],
+                                                                      "stream_options": {"include_usage": True}}),
 }
 FIXED_MESSAGES = {"unknown-model", "unknown-model-generate", "too-long-chat", "too-long-completions", "too-long-generate",
-                  "full-window", "out-of-vocabulary"}  # the rest are pydantic reports, alike only in kind and field
+                  "full-window", "out-of-vocabulary", "stream-options-without-stream",
+                  "stream-options-without-stream-completions"}  # the rest are pydantic reports, alike only in kind and field
 
 
 @pytest.mark.parametrize("case", list(ERRORS))
