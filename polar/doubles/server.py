@@ -34,8 +34,9 @@ from polar.doubles.sse import MID_STREAM, EventStream, Pace, Stats, wait_unless_
 from polar.doubles.stream import Sample
 
 FINGERPRINT = "scripted-vllm-double"
-# vLLM's max_tokens when a request names none: the rest of the window for chat, 16 for the token endpoints.
-_DEFAULT_MAX_TOKENS = {"chat": None, "completions": 16, "generate": 16}
+# vLLM's max_tokens when a request names none: 16 for /v1/completions, else the rest of the window
+# (/inference/v1/generate too: vLLM 0.32 applies the server-side default there, not SamplingParams' 16).
+_DEFAULT_MAX_TOKENS = {"chat": None, "completions": 16, "generate": None}
 
 
 class ScriptedVLLM:
@@ -254,7 +255,8 @@ class ScriptedVLLM:
         choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
                   "stop_reason": stop_reason, "token_ids": ids if with_ids else None, "routed_experts": None}
         usage = wire.usage(len(prompt_ids), len(ids))
-        usage["completion_tokens_details"] = {"reasoning_tokens": ([0] + stream.reasoning_counts(self, prompt_ids, ids, thinking, False))[-1]}
+        reasoning = stream.reasoning_counts(self, prompt_ids, ids, thinking, streamed=False)
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning[-1] if reasoning else 0}
         return JSONResponse({
             "id": f"chatcmpl-{secrets.token_hex(8)}", "object": "chat.completion", "created": int(time.time()),
             "model": self.model_name, "choices": [choice], "service_tier": None, "system_fingerprint": FINGERPRINT,

@@ -94,7 +94,7 @@ def merge(a, b):
         return {key: merge(a[key], b[key]) if key in a and key in b else a.get(key, b.get(key)) for key in a | b}
     if isinstance(a, list) and isinstance(b, list):
         return a if not b else b if not a else [merge(a[0], b[0])]
-    return a if a == b else "|".join(sorted({str(a), str(b)}))
+    return a if a == b else "|".join(sorted(set(str(a).split("|")) | set(str(b).split("|"))))
 
 
 def differences(mine, theirs, path: str = "$") -> list[str]:
@@ -438,6 +438,15 @@ def test_chat_stream_of_tool_calls(double, real, answer):
     assert with_calls and all(len(c["token_ids"]) >= 1 and c["logprobs"]["content"] for c in with_calls)
 
 
+def test_generate_without_max_tokens_is_not_cut_at_16(double, real, prompt_ids):
+    """vLLM 0.32's generate endpoint gives the rest of the window when max_tokens is not set, not 16."""
+    script(double, content=" ".join(f"word{i}" for i in range(30)))
+    body = {"model": SERVED_MODEL, "token_ids": prompt_ids, "sampling_params": {"temperature": 0}}
+    mine, theirs = both(double, real, "/inference/v1/generate", body)
+    for response in (mine.json(), theirs.json()):
+        assert len(response["choices"][0]["token_ids"]) > 16, response["choices"][0]["finish_reason"]
+
+
 def _legacy_stream(events: list[dict | None]) -> list[dict | None]:
     return [e if e is None or not e["choices"] else {**e, "choices": [_legacy_keys(c) for c in e["choices"]]}
             for e in events]
@@ -499,3 +508,30 @@ def test_real_vllm_streams_the_plain_sample(real, prompt_ids, endpoint):
     assert ids == plain_ids and len(ids) == n
     assert finish == plain["finish_reason"]
     assert gap <= 1e-2
+
+
+@pytest.mark.parametrize("answer", ["text-and-call", "parallel"])
+def test_chat_stream_of_tool_calls_on_real_templates(double, template_vllm, answer):
+    """Each real template's tool parser streamed (hermes for Qwen3's JSON calls, qwen3_coder for the XML
+    format): vLLM made to write the template family's answer, the double switched to that template."""
+    from polar.doubles.model_format import THINK_CLOSE, ModelFormat
+    from polar.doubles.scripted_vllm import Step
+
+    content, calls = ANSWERS[answer]
+    text = ModelFormat.for_template(template_vllm.template.read_text()).completion(
+        Step(content=content, tool_calls=calls), THINK_CLOSE)  # thinking off: no reasoning block
+    body = {"model": SERVED_MODEL, "messages": CONVERSATION[:2], "tools": TOOLS, "max_tokens": 200, "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": False}, **TOKEN_BODY}
+    with httpx.Client(base_url=template_vllm.url, timeout=300) as real:
+        theirs = sse(real, "/v1/chat/completions", {**body, "structured_outputs": {"regex": re.escape(text)}})
+    double.post("/_double/template", json={"chat_template": str(template_vllm.template)}).raise_for_status()
+    try:
+        script(double, content=content, tool_calls=calls)
+        mine = sse(double, "/v1/chat/completions", body)
+    finally:
+        double.post("/_double/template", json={"chat_template": None}).raise_for_status()
+    assert_same_stream_shape(mine, theirs, role_first=True)
+    assert mine[0]["prompt_token_ids"] == theirs[0]["prompt_token_ids"]
+    ours, vllm = assembled(mine), assembled(theirs)
+    assert ours["calls"] == vllm["calls"] and len(vllm["calls"]) == len(calls)
+    assert (ours["content"], ours["finish"]) == (vllm["content"], vllm["finish"])
