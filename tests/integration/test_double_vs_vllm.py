@@ -368,10 +368,14 @@ def classes(events: list[dict | None], role_first: bool) -> dict[str, object]:
     return out
 
 
-def assert_same_stream_shape(mine: list[dict | None], theirs: list[dict | None], role_first: bool = False) -> None:
+def assert_same_stream_shape(mine: list[dict | None], theirs: list[dict | None], role_first: bool = False,
+                             deltas: bool = True) -> None:
     ours, vllms = classes(mine, role_first), classes(theirs, role_first)
     if vllms["middle"] is None:  # vLLM lagged and sent every token at once: nothing to compare there
         ours["middle"] = None
+    if not deltas:
+        ours.pop("deltas", None)
+        vllms.pop("deltas", None)
     diff = [f"{name}: {d}" for name in ours for d in differences(ours[name], vllms[name], name)]
     assert not diff, "\n".join(sorted(diff))
 
@@ -416,8 +420,16 @@ def test_chat_stream_shape(double, real, variant):
         assert assembled(theirs)["ids"] == plain["choices"][0]["token_ids"]
 
 
+def spelled_as_tags(tokenizer, events: list[dict | None], calls: int) -> bool:
+    """Whether vLLM's forced answer opened each call with the `<tool_call>` token, as a model does. Under a
+    regex the random model may spell it out of plain text tokens instead, which vLLM's XML engine reads as
+    content: the deltas then differ from any real model's, and only the calls are compared."""
+    ids = assembled(events)["ids"]
+    return ids.count(tokenizer.convert_tokens_to_ids("<tool_call>")) == calls
+
+
 @pytest.mark.parametrize("answer", list(ANSWERS))
-def test_chat_stream_of_tool_calls(double, real, answer):
+def test_chat_stream_of_tool_calls(double, real, tokenizer, answer):
     """vLLM made to write a given answer with calls, streamed through its tool parser; the double scripted alike."""
     from polar.doubles.scripted_vllm import Step, render_completion
 
@@ -428,10 +440,12 @@ def test_chat_stream_of_tool_calls(double, real, answer):
     theirs = sse(real, "/v1/chat/completions", {**body, "structured_outputs": {"regex": re.escape(text)}})
     script(double, content=content, tool_calls=calls)
     mine = sse(double, "/v1/chat/completions", body)
-    assert_same_stream_shape(mine, theirs, role_first=True)
+    canonical = spelled_as_tags(tokenizer, theirs, len(calls))
+    assert_same_stream_shape(mine, theirs, role_first=True, deltas=canonical)
     ours, vllm = assembled(mine), assembled(theirs)
     assert ours["calls"] == vllm["calls"] and len(vllm["calls"]) == len(calls)  # arguments JSON byte for byte
-    assert ours["content"] == vllm["content"]  # the blank lines before a call included, as vLLM streams them
+    if canonical:
+        assert ours["content"] == vllm["content"]  # the blank lines before a call included, as vLLM streams them
     assert ours["finish"] == vllm["finish"] == "tool_calls"
     # tool-call deltas ride on chunks that carry their token's id and logprob
     with_calls = [c["choices"][0] for c in theirs[1:] if c and c["choices"] and c["choices"][0]["delta"].get("tool_calls")]
@@ -511,7 +525,7 @@ def test_real_vllm_streams_the_plain_sample(real, prompt_ids, endpoint):
 
 
 @pytest.mark.parametrize("answer", ["text-and-call", "parallel"])
-def test_chat_stream_of_tool_calls_on_real_templates(double, template_vllm, answer):
+def test_chat_stream_of_tool_calls_on_real_templates(double, tokenizer, template_vllm, answer):
     """Each real template's tool parser streamed (hermes for Qwen3's JSON calls, qwen3_coder for the XML
     format): vLLM made to write the template family's answer, the double switched to that template."""
     from polar.doubles.model_format import THINK_CLOSE, ModelFormat
@@ -530,8 +544,11 @@ def test_chat_stream_of_tool_calls_on_real_templates(double, template_vllm, answ
         mine = sse(double, "/v1/chat/completions", body)
     finally:
         double.post("/_double/template", json={"chat_template": None}).raise_for_status()
-    assert_same_stream_shape(mine, theirs, role_first=True)
+    canonical = spelled_as_tags(tokenizer, theirs, len(calls))
+    assert_same_stream_shape(mine, theirs, role_first=True, deltas=canonical)
     assert mine[0]["prompt_token_ids"] == theirs[0]["prompt_token_ids"]
     ours, vllm = assembled(mine), assembled(theirs)
     assert ours["calls"] == vllm["calls"] and len(vllm["calls"]) == len(calls)
-    assert (ours["content"], ours["finish"]) == (vllm["content"], vllm["finish"])
+    assert ours["finish"] == vllm["finish"] == "tool_calls"
+    if canonical:
+        assert ours["content"] == vllm["content"]
