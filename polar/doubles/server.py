@@ -34,8 +34,9 @@ from polar.doubles.sse import MID_STREAM, EventStream, Pace, Stats, wait_unless_
 from polar.doubles.stream import Sample
 
 FINGERPRINT = "scripted-vllm-double"
-# vLLM's max_tokens when a request names none: the rest of the window for chat, 16 for the token endpoints.
-_DEFAULT_MAX_TOKENS = {"chat": None, "completions": 16, "generate": 16}
+# vLLM's max_tokens when a request names none: 16 for /v1/completions, else the rest of the window
+# (/inference/v1/generate too: vLLM 0.32 applies the server-side default there, not SamplingParams' 16).
+_DEFAULT_MAX_TOKENS = {"chat": None, "completions": 16, "generate": None}
 
 
 class ScriptedVLLM:
@@ -224,6 +225,7 @@ class ScriptedVLLM:
         try:
             body = await self._body(request)
             wire.field(body, "messages", list, "list_type", "Input should be a valid list")
+            wire.stream_options(body)
             requested = wire.max_tokens(body)
             # Validation comes first: a malformed request is refused by vLLM before it reaches the engine.
             if isinstance(fault := await self._maybe_fault(body), Response):
@@ -253,7 +255,8 @@ class ScriptedVLLM:
         choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
                   "stop_reason": stop_reason, "token_ids": ids if with_ids else None, "routed_experts": None}
         usage = wire.usage(len(prompt_ids), len(ids))
-        usage["completion_tokens_details"] = {"reasoning_tokens": ([0] + stream.reasoning_counts(self, prompt_ids, ids, thinking, False))[-1]}
+        reasoning = stream.reasoning_counts(self, prompt_ids, ids, thinking, streamed=False)
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning[-1] if reasoning else 0}
         return JSONResponse({
             "id": f"chatcmpl-{secrets.token_hex(8)}", "object": "chat.completion", "created": int(time.time()),
             "model": self.model_name, "choices": [choice], "service_tier": None, "system_fingerprint": FINGERPRINT,
@@ -265,6 +268,7 @@ class ScriptedVLLM:
         """Token-in completion: `prompt` is a list of ids (or a string); no template, no parsers."""
         try:
             body = await self._body(request)
+            wire.stream_options(body)
             text_prompt = isinstance(body.get("prompt"), str)
             if text_prompt:
                 prompt_ids = self.tokenizer.encode(body["prompt"], add_special_tokens=False)

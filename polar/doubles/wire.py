@@ -35,6 +35,13 @@ def max_tokens(body: dict[str, Any], where: str = "body") -> int | None:
     return value
 
 
+def stream_options(body: dict[str, Any]) -> None:
+    """vLLM's chat and completions requests take `stream_options` only with `stream: true`."""
+    if body.get("stream_options") is not None and not body.get("stream"):
+        raise Invalid(error(400, "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
+                            param="stream_options"))
+
+
 def usage(prompt_len: int, completion_len: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt_len, "total_tokens": prompt_len + completion_len,
             "completion_tokens": completion_len, "prompt_tokens_details": None}

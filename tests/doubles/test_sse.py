@@ -66,8 +66,10 @@ def test_streamed_tokens_are_paced(double, path):
                 if e is not None and e["choices"] and e["choices"][0].get("token_ids")]
     assert len(arrivals) >= 5
     assert first <= arrivals[0] - streamed.started < first + 0.3
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    assert all(every * 0.8 <= gap < every + 0.15 for gap in gaps), gaps
+    # spaced by the token delay (judged on the median and the whole span: a busy test client may read two at once)
+    gaps = sorted(b - a for a, b in zip(arrivals, arrivals[1:]))
+    assert every * 0.8 <= gaps[len(gaps) // 2] < every + 0.1, gaps
+    assert every * (len(gaps) - 0.5) <= arrivals[-1] - arrivals[0] < every * len(gaps) + 0.5, gaps
     # a plain answer takes as long as the whole stream
     started = time.monotonic()
     plain = client.post(path, json=body)

@@ -73,7 +73,7 @@ def test_chat_stream_is_the_plain_answer(double, template, thinking, answer):
     body = {"model": "polar-tiny", "messages": MESSAGES, "tools": TOOLS, "return_token_ids": True, "logprobs": True,
             "top_logprobs": 2, "chat_template_kwargs": {"enable_thinking": thinking},
             "stream_options": {"include_usage": True}}
-    plain = client.post("/v1/chat/completions", json=body).json()
+    plain = client.post("/v1/chat/completions", json={**body, "stream_options": None}).json()
     streamed = read_stream(client, "/v1/chat/completions", body)
     got, choice, message = assemble(streamed.chunks), plain["choices"][0], plain["choices"][0]["message"]
 
@@ -144,7 +144,7 @@ def test_completions_stream_is_the_plain_answer(double, template):
     prompt = prompt_of(client, template)
     body = {"model": "polar-tiny", "prompt": prompt, "max_tokens": 200, "logprobs": 1, "return_token_ids": True,
             "stream_options": {"include_usage": True}}
-    plain = client.post("/v1/completions", json=body).json()
+    plain = client.post("/v1/completions", json={**body, "stream_options": None}).json()
     streamed = read_stream(client, "/v1/completions", body)
     choices = [c["choices"][0] for c in streamed.chunks if c["choices"]]
     choice = plain["choices"][0]

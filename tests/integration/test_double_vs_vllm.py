@@ -94,7 +94,7 @@ def merge(a, b):
         return {key: merge(a[key], b[key]) if key in a and key in b else a.get(key, b.get(key)) for key in a | b}
     if isinstance(a, list) and isinstance(b, list):
         return a if not b else b if not a else [merge(a[0], b[0])]
-    return a if a == b else "|".join(sorted({str(a), str(b)}))
+    return a if a == b else "|".join(sorted(set(str(a).split("|")) | set(str(b).split("|"))))
 
 
 def differences(mine, theirs, path: str = "$") -> list[str]:
@@ -273,9 +273,14 @@ ERRORS = {
     "messages-not-a-list": ("/v1/chat/completions", {"model": SERVED_MODEL, "messages": "not a list"}),
     "body-not-an-object": ("/v1/chat/completions", [1, 2]),
     "invalid-json": ("/v1/chat/completions", b"{not json"),
+    "stream-options-without-stream": ("/v1/chat/completions", {"model": SERVED_MODEL, "messages": [
+        {"role": "user", "content": "hi"}], "stream_options": {"include_usage": True}}),
+    "stream-options-without-stream-completions": ("/v1/completions", {"model": SERVED_MODEL, "prompt": [13],
+                                                                      "stream_options": {"include_usage": True}}),
 }
 FIXED_MESSAGES = {"unknown-model", "unknown-model-generate", "too-long-chat", "too-long-completions", "too-long-generate",
-                  "full-window", "out-of-vocabulary"}  # the rest are pydantic reports, alike only in kind and field
+                  "full-window", "out-of-vocabulary", "stream-options-without-stream",
+                  "stream-options-without-stream-completions"}  # the rest are pydantic reports, alike only in kind and field
 
 
 @pytest.mark.parametrize("case", list(ERRORS))
@@ -363,10 +368,14 @@ def classes(events: list[dict | None], role_first: bool) -> dict[str, object]:
     return out
 
 
-def assert_same_stream_shape(mine: list[dict | None], theirs: list[dict | None], role_first: bool = False) -> None:
+def assert_same_stream_shape(mine: list[dict | None], theirs: list[dict | None], role_first: bool = False,
+                             deltas: bool = True) -> None:
     ours, vllms = classes(mine, role_first), classes(theirs, role_first)
     if vllms["middle"] is None:  # vLLM lagged and sent every token at once: nothing to compare there
         ours["middle"] = None
+    if not deltas:
+        ours.pop("deltas", None)
+        vllms.pop("deltas", None)
     diff = [f"{name}: {d}" for name in ours for d in differences(ours[name], vllms[name], name)]
     assert not diff, "\n".join(sorted(diff))
 
@@ -411,8 +420,16 @@ def test_chat_stream_shape(double, real, variant):
         assert assembled(theirs)["ids"] == plain["choices"][0]["token_ids"]
 
 
+def spelled_as_tags(tokenizer, events: list[dict | None], calls: int) -> bool:
+    """Whether vLLM's forced answer opened each call with the `<tool_call>` token, as a model does. Under a
+    regex the random model may spell it out of plain text tokens instead, which vLLM's XML engine reads as
+    content: the deltas then differ from any real model's, and only the calls are compared."""
+    ids = assembled(events)["ids"]
+    return ids.count(tokenizer.convert_tokens_to_ids("<tool_call>")) == calls
+
+
 @pytest.mark.parametrize("answer", list(ANSWERS))
-def test_chat_stream_of_tool_calls(double, real, answer):
+def test_chat_stream_of_tool_calls(double, real, tokenizer, answer):
     """vLLM made to write a given answer with calls, streamed through its tool parser; the double scripted alike."""
     from polar.doubles.scripted_vllm import Step, render_completion
 
@@ -423,14 +440,25 @@ def test_chat_stream_of_tool_calls(double, real, answer):
     theirs = sse(real, "/v1/chat/completions", {**body, "structured_outputs": {"regex": re.escape(text)}})
     script(double, content=content, tool_calls=calls)
     mine = sse(double, "/v1/chat/completions", body)
-    assert_same_stream_shape(mine, theirs, role_first=True)
+    canonical = spelled_as_tags(tokenizer, theirs, len(calls))
+    assert_same_stream_shape(mine, theirs, role_first=True, deltas=canonical)
     ours, vllm = assembled(mine), assembled(theirs)
     assert ours["calls"] == vllm["calls"] and len(vllm["calls"]) == len(calls)  # arguments JSON byte for byte
-    assert ours["content"] == vllm["content"]  # the blank lines before a call included, as vLLM streams them
+    if canonical:
+        assert ours["content"] == vllm["content"]  # the blank lines before a call included, as vLLM streams them
     assert ours["finish"] == vllm["finish"] == "tool_calls"
     # tool-call deltas ride on chunks that carry their token's id and logprob
     with_calls = [c["choices"][0] for c in theirs[1:] if c and c["choices"] and c["choices"][0]["delta"].get("tool_calls")]
     assert with_calls and all(len(c["token_ids"]) >= 1 and c["logprobs"]["content"] for c in with_calls)
+
+
+def test_generate_without_max_tokens_is_not_cut_at_16(double, real, prompt_ids):
+    """vLLM 0.32's generate endpoint gives the rest of the window when max_tokens is not set, not 16."""
+    script(double, content=" ".join(f"word{i}" for i in range(30)))
+    body = {"model": SERVED_MODEL, "token_ids": prompt_ids, "sampling_params": {"temperature": 0}}
+    mine, theirs = both(double, real, "/inference/v1/generate", body)
+    for response in (mine.json(), theirs.json()):
+        assert len(response["choices"][0]["token_ids"]) > 16, response["choices"][0]["finish_reason"]
 
 
 def _legacy_stream(events: list[dict | None]) -> list[dict | None]:
@@ -494,3 +522,33 @@ def test_real_vllm_streams_the_plain_sample(real, prompt_ids, endpoint):
     assert ids == plain_ids and len(ids) == n
     assert finish == plain["finish_reason"]
     assert gap <= 1e-2
+
+
+@pytest.mark.parametrize("answer", ["text-and-call", "parallel"])
+def test_chat_stream_of_tool_calls_on_real_templates(double, tokenizer, template_vllm, answer):
+    """Each real template's tool parser streamed (hermes for Qwen3's JSON calls, qwen3_coder for the XML
+    format): vLLM made to write the template family's answer, the double switched to that template."""
+    from polar.doubles.model_format import THINK_CLOSE, ModelFormat
+    from polar.doubles.scripted_vllm import Step
+
+    content, calls = ANSWERS[answer]
+    text = ModelFormat.for_template(template_vllm.template.read_text()).completion(
+        Step(content=content, tool_calls=calls), THINK_CLOSE)  # thinking off: no reasoning block
+    body = {"model": SERVED_MODEL, "messages": CONVERSATION[:2], "tools": TOOLS, "max_tokens": 200, "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": False}, **TOKEN_BODY}
+    with httpx.Client(base_url=template_vllm.url, timeout=300) as real:
+        theirs = sse(real, "/v1/chat/completions", {**body, "structured_outputs": {"regex": re.escape(text)}})
+    double.post("/_double/template", json={"chat_template": str(template_vllm.template)}).raise_for_status()
+    try:
+        script(double, content=content, tool_calls=calls)
+        mine = sse(double, "/v1/chat/completions", body)
+    finally:
+        double.post("/_double/template", json={"chat_template": None}).raise_for_status()
+    canonical = spelled_as_tags(tokenizer, theirs, len(calls))
+    assert_same_stream_shape(mine, theirs, role_first=True, deltas=canonical)
+    assert mine[0]["prompt_token_ids"] == theirs[0]["prompt_token_ids"]
+    ours, vllm = assembled(mine), assembled(theirs)
+    assert ours["calls"] == vllm["calls"] and len(vllm["calls"]) == len(calls)
+    assert ours["finish"] == vllm["finish"] == "tool_calls"
+    if canonical:
+        assert ours["content"] == vllm["content"]

@@ -25,8 +25,11 @@ def run(case: dict, tokenizers_cache: dict) -> dict:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.parser.parser_manager import ParserManager
 
-    tok = tokenizers_cache.get(case["model_dir"]) or AutoTokenizer.from_pretrained(case["model_dir"])
-    tokenizers_cache[case["model_dir"]] = tok
+    tok = tokenizers_cache.get(case["model_dir"])
+    if tok is None:
+        tok = tokenizers_cache[case["model_dir"]] = AutoTokenizer.from_pretrained(case["model_dir"])
+        vocab = tok.get_vocab()
+        tok.get_vocab = lambda: vocab  # each parser reads the whole vocabulary: once is enough here
     cls = ParserManager.get_parser(tool_parser_name=case["tool_parser"], reasoning_parser_name="qwen3",
                                    enable_auto_tools=True)
     kwargs = case.get("kwargs") or {}
