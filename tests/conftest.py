@@ -181,12 +181,13 @@ def any_stack(request):
 
 @pytest.fixture(autouse=True)
 def _reset_double(request):
-    """Each test starts with no script and no fault on the shared double."""
+    """Each test starts with no script, no fault and no pacing on the shared double."""
     yield
     if {"stack", "chat_stack", "any_stack", "template_stack", "double_server"} & set(request.fixturenames):
         _, url = request.getfixturevalue("double_server")
         httpx.post(f"{url}/_double/script", json={"rules": []}).raise_for_status()
         httpx.post(f"{url}/_double/fault", json={"count": 0}).raise_for_status()
+        httpx.post(f"{url}/_double/pace", json={"token_delay_s": 0, "first_token_delay_s": 0}).raise_for_status()
 
 
 @pytest.fixture(scope="session")

@@ -93,17 +93,23 @@ _JSON_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 def parse_completion(
     text: str, thinking: bool, tools: list[dict[str, Any]], family: str = "qwen3_xml"
 ) -> tuple[str | None, str, list[dict]]:
-    """(reasoning, content, calls as {"name", "arguments" JSON text}) from sampled text."""
+    """(reasoning, content, calls as {"name", "arguments" JSON text}) from sampled text, as vLLM 0.32's whole-answer
+    parse gives them: the newlines around </think> stay (in reasoning and content alike); the text before XML tool
+    calls is stripped, before hermes (JSON) calls it stays as written unless it is only whitespace
+    (tests/doubles/test_deltas_vs_vllm.py checks it on whole answers; a sample cut inside a call or a character is
+    not emulated: vLLM makes a call of a half-written one and holds a half-decoded character back)."""
     reasoning = None
     if thinking:
         if "</think>" in text:
             reasoning, text = text.split("</think>", 1)
         else:  # truncated inside the reasoning
             reasoning, text = text, ""
-        reasoning = reasoning.removeprefix("<think>").strip("\n")
-        text = text.lstrip("\n")
+        reasoning = reasoning.removeprefix("<think>")
     calls = _json_calls(text) if family == "qwen3" else _xml_calls(text, tools)
-    content = text[: text.index("<tool_call>")].rstrip("\n") if calls else text
+    content = text
+    if calls:
+        content = text[: text.index("<tool_call>")]
+        content = content.strip() if family == "qwen3_xml" or not content.strip() else content
     return reasoning, content, calls
 
 

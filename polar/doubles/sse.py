@@ -90,7 +90,10 @@ async def _disconnected(receive: Callable[[], Awaitable[dict]]) -> bool:
 
 
 class EventStream(Response):
-    """text/event-stream of a double's answer: token steps paced by `pace`, stopped when the client leaves."""
+    """text/event-stream of a double's answer: token steps paced by `pace`, stopped when the client leaves.
+
+    Its headers go out with its first chunk, as vLLM's do (vLLM primes its stream before answering, so a
+    request that fails while it queues or prefills is a plain error answer, never a broken stream)."""
 
     media_type = "text/event-stream"
 
@@ -105,9 +108,17 @@ class EventStream(Response):
         stats.active_streams += 1
         gone = asyncio.ensure_future(_disconnected(receive))
         outcome = "aborted"
+        started = False
+
+        async def send_body(message: dict) -> None:
+            nonlocal started
+            if not started:
+                started = True
+                await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await send(message)
+
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            outcome = await self._send_steps(send, gone)
+            outcome = await self._send_steps(send_body, gone)
         except OSError:  # the client's socket is gone under a send
             outcome = "aborted"
         finally:

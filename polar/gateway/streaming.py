@@ -55,7 +55,7 @@ class _Fed:
 
     reasoning: list[str] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
-    calls: dict[int, list[str]] = field(default_factory=dict)  # index → [name, argument pieces…]
+    calls: dict[int, list[str]] = field(default_factory=dict)  # index → [id, name, argument pieces…]
     text_after_call: bool = False
     first_at: float | None = None
 
@@ -66,7 +66,7 @@ class _Fed:
             self.text.append(delta.text)
             self.text_after_call = self.text_after_call or (bool(self.calls) and bool(delta.text.strip()))
         else:
-            self.calls.setdefault(delta.index, [delta.name or ""]).append(delta.arguments)
+            self.calls.setdefault(delta.index, [delta.id or "", delta.name or ""]).append(delta.arguments)
 
     def differences(self, result: ChatResult) -> list[str]:
         """Notes for the capture when the streamed answer is not the final one (never expected but the
@@ -77,8 +77,8 @@ class _Fed:
             notes.append("stream: the streamed reasoning differs from the final parse")
         if "".join(self.text) != result.content:
             notes.append("stream: the streamed text differs from the final parse")
-        calls = [(c[0], "".join(c[1:])) for c in self.calls.values()]
-        if calls != [(c.name, c.arguments) for c in result.tool_calls]:
+        calls = [(c[0], c[1], "".join(c[2:])) for c in self.calls.values()]
+        if calls != [(c.id, c.name, c.arguments) for c in result.tool_calls]:
             notes.append("stream: the streamed tool calls differ from the final parse")
         if self.text_after_call:
             notes.append("stream: text the model wrote after a tool call was sent after that call "

@@ -30,6 +30,11 @@ class ChatStream:
         self.logprobs: list[Any] = []
         self.content: list[str] = []
         self.reasoning: list[str] = []
+        # Template glue is held back until text follows, then sent or dropped as chat_result drops it: the
+        # newlines around the reasoning, those opening the content, whitespace before a tool call.
+        self.after_think = False  # the answer had a reasoning phase
+        self.held_reasoning = ""
+        self.held = ""
         self.calls: dict[int, list] = {}  # vLLM's index → [id, name, argument pieces]
         self.finish: str | None = None
         self.stop_reason: Any = None
@@ -56,6 +61,10 @@ class ChatStream:
             yield deltas
         if self.finish is None:
             raise GatewayError("upstream_error", f"the upstream {url} ended its stream before the answer finished")
+        if self.held and not self.calls:  # the answer's own trailing whitespace
+            self.content.append(self.held)
+            yield [TextDelta(self.held)]
+        self.held = ""
 
     def _take(self, chunk: dict[str, Any]) -> list[Delta]:
         if "error" in chunk:  # vLLM's in-stream error: the generation failed after it started
@@ -72,16 +81,38 @@ class ChatStream:
             self.logprobs += [item.get("logprob") for item in (choice.get("logprobs") or {}).get("content") or []]
             delta = choice.get("delta") or {}
             if text := delta.get("reasoning") or delta.get("reasoning_content"):
-                self.reasoning.append(text)
-                deltas.append(ReasoningDelta(text))
+                deltas += self._reasoning(text)
             if text := delta.get("content"):
-                self.content.append(text)
-                deltas.append(TextDelta(text))
+                deltas += self._text(text)
             for piece in delta.get("tool_calls") or []:
+                self.held = ""  # whitespace touching a call is glue
                 deltas.append(self._call_piece(piece))
             if choice.get("finish_reason") is not None:
                 self.finish, self.stop_reason = choice["finish_reason"], choice.get("stop_reason")
         return deltas
+
+    def _reasoning(self, text: str) -> list[Delta]:
+        self.after_think = True
+        if not self.reasoning:
+            text = text.lstrip("\n")
+        text = self.held_reasoning + text
+        body = text.rstrip("\n")
+        self.held_reasoning = text[len(body):]
+        if not body:
+            return []
+        self.reasoning.append(body)
+        return [ReasoningDelta(body)]
+
+    def _text(self, text: str) -> list[Delta]:
+        if not self.content and self.after_think:
+            text = text.lstrip("\n")
+        text, self.held = self.held + text, ""
+        body = text.rstrip()
+        self.held = text[len(body):]  # held until text follows (sent) or a call does (dropped)
+        if not body:
+            return []
+        self.content.append(body)
+        return [TextDelta(body)]
 
     def _call_piece(self, piece: dict[str, Any]) -> ToolCallDelta:
         index = piece.get("index", 0)
@@ -100,9 +131,10 @@ class ChatStream:
     def result(self) -> ChatResult:
         """The whole turn, once the stream has ended (or as far as it got)."""
         calls = [ToolCall(id=c[0], name=c[1], arguments="".join(c[2]) or "{}") for c in self.calls.values()]
+        reasoning = "".join(self.reasoning) if self.after_think else None
         return chat_result(
             self.call_id, self.request, model=self.model, created=self.created, content="".join(self.content),
-            reasoning="".join(self.reasoning) or None, tool_calls=calls, finish=self.finish,
+            reasoning=reasoning, tool_calls=calls, finish=self.finish,
             stop_reason=self.stop_reason, usage=self.usage, prompt_ids=self.prompt_ids or [],
             completion_ids=self.ids, logprobs=self.logprobs,
         )

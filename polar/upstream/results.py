@@ -12,8 +12,15 @@ def chat_result(
     tool_calls: list[ToolCall], finish: str | None, stop_reason: Any, usage: dict, prompt_ids: list[int],
     completion_ids: list[int], logprobs: list,
 ) -> ChatResult:
-    """What vLLM's chat endpoint answered (whole or accumulated from its stream), as a ChatResult."""
+    """What vLLM's chat endpoint answered (whole or accumulated from its stream), as a ChatResult.
+
+    Template glue is not answer text, as polar's own parse (tokens/parsers.py) and the templates' re-rendering
+    have it: the newlines around the reasoning (an empty `<think>\n</think>` is no reasoning), those after
+    `</think>` and the whitespace touching a tool call. vLLM 0.32 keeps some of it, and not the same in its
+    stream and its whole answer; ChatStream applies the same rule as it streams."""
     finish = finish or "stop"
+    content = content_as_written(content, reasoning is not None, bool(tool_calls))
+    reasoning = reasoning.strip("\n") if reasoning is not None else None
     stop_sequence = stop_reason if isinstance(stop_reason, str) and stop_reason in request.sampling.stop else None
     if tool_calls and finish != "length":
         finish = "tool_calls"
@@ -27,7 +34,7 @@ def chat_result(
         model=model,
         created=created,
         content=content,
-        reasoning=Reasoning(text=reasoning) if reasoning else None,
+        reasoning=Reasoning(text=reasoning) if reasoning and reasoning.strip() else None,
         tool_calls=tool_calls,
         finish_reason=finish,
         stop_sequence=stop_sequence,
@@ -48,3 +55,10 @@ def logprobs_or_none(values: list, n_tokens: int) -> list[float] | None:
     if len(values) != n_tokens or any(not isinstance(v, (int, float)) for v in values):
         return None
     return [float(v) for v in values]
+
+
+def content_as_written(content: str, after_think: bool, before_calls: bool) -> str:
+    """The answer text without the template's glue (see chat_result)."""
+    if after_think:
+        content = content.lstrip("\n")
+    return content.rstrip() if before_calls else content

@@ -88,12 +88,14 @@ class TokenStream:
         return self.ids[:-1] if self.ids and self.ids[-1] in self.eos else self.ids
 
     def result(self) -> ChatResult:
+        """The whole turn: the parse the stream made (the call ids its client holds), on the ids vLLM sent."""
+        parsed = self.turn.result if self.turn.finished else None
         result = self.backend.result(self.request, self.call_id, self.prompt_ids, self.ids, self.logprobs,
-                                     self.finish or "length", self.stop_reason, self.version)
+                                     self.finish or "length", self.stop_reason, self.version, parsed=parsed)
         result.prompt_mode = self.mode
         return result
 
-    partial = result  # the ids sampled before the stream broke off or was closed
+    partial = result  # the ids sampled before the stream broke off or was closed (parsed as cut by a length limit)
 
     async def aclose(self) -> None:
         self.upstream.close()

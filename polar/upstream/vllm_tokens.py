@@ -18,6 +18,7 @@ from polar.canonical import ChatRequest, ChatResult, ImagePart, Reasoning, Usage
 from polar.errors import GatewayError
 from polar.sessions.state import Extension, SessionView
 from polar.tokens.messages import to_openai_messages, to_openai_tools
+from polar.tokens.parsers import ParsedTurn
 from polar.tokens.shaping import TemplateTraits
 from polar.tokens.template import ChatTemplate
 from polar.upstream.base import UpstreamStream
@@ -146,16 +147,19 @@ class TokenFaithful:
         log.info("token-in calls go to %s", GENERATE if endpoint == "generate" else COMPLETIONS)
         return endpoint
 
-    def result(self, request, call_id, prompt_ids, sampled, logprobs, finish, stop_reason, version) -> ChatResult:
-        """A sampled turn, decoded and parsed by the template's model family (whole, or as a stream ended)."""
-        eos = self.template.eos_token_ids
-        body = sampled[:-1] if sampled and sampled[-1] in eos else sampled
-        text = self.template.decode(body)
+    def result(self, request, call_id, prompt_ids, sampled, logprobs, finish, stop_reason, version,
+               parsed: ParsedTurn | None = None) -> ChatResult:
+        """A sampled turn, decoded and parsed by the template's model family. A stream hands over the parse it
+        made as the ids came (`parsed`: the same turn, with the call ids its client was sent)."""
         stop_sequence = stop_reason if isinstance(stop_reason, str) and stop_reason in request.sampling.stop else None
-        if stop_sequence and stop_sequence in text:
-            text = text[: text.index(stop_sequence)]
-        parsed = self.template.parse(text, enable_thinking=request.thinking.enabled, finish_reason=finish,
-                                     tools=self._tools(request) or [])
+        if parsed is None:
+            eos = self.template.eos_token_ids
+            body = sampled[:-1] if sampled and sampled[-1] in eos else sampled
+            text = self.template.decode(body)
+            if stop_sequence and stop_sequence in text:
+                text = text[: text.index(stop_sequence)]
+            parsed = self.template.parse(text, enable_thinking=request.thinking.enabled, finish_reason=finish,
+                                         tools=self._tools(request) or [])
         if finish == "length":
             reason = "length"
         elif parsed.tool_calls:

@@ -1,4 +1,5 @@
-"""The double's streamed deltas against vLLM's own streaming parsers, token for token.
+"""The double's streamed deltas against vLLM's own streaming parsers, token for token, and its whole
+answers against vLLM's whole-answer parse of the same text.
 
 vLLM's parsers (the qwen3 reasoning parser with hermes for JSON calls, or with the qwen3 XML engine)
 run in the vLLM venv over the very token ids the double streams (tests/support/vllm_parse.py), with
@@ -91,6 +92,17 @@ def double_stream(tokenizer, case: dict) -> tuple[list[dict | None], list[int]]:
     return deltas, counts
 
 
+def whole_message(tokenizer, case: dict) -> tuple:
+    """The double's non-streamed message for the case's sample: (reasoning or None, content or None, calls)."""
+    from polar.doubles.model_format import parse_completion
+
+    spec = case["vllm"]
+    ids = spec["output_ids"][:-1] if spec["output_ids"][-1] in spec["eos_ids"] else spec["output_ids"]
+    reasoning, content, calls = parse_completion(tokenizer.decode(ids, skip_special_tokens=False),
+                                                 case["mode"] != "none", spec["tools"], case["family"])
+    return reasoning or None, content or None, [(c["name"], json.loads(c["arguments"])) for c in calls]
+
+
 def without_ids(delta: dict | None) -> dict | None:
     """Tool-call ids are random on both sides."""
     if delta is None:
@@ -122,6 +134,10 @@ def test_streamed_deltas_are_vllms(tokenizer_dir):
         if ours != expected:
             first = next(k for k, (a, b) in enumerate(zip(ours, expected, strict=True)) if a != b)
             wrong.append(f"{case['label']} token {first}: double {ours[first]} vLLM {expected[first]}")
+        plain = whole_message(tokenizer, case)
+        if case["label"].endswith("/whole") and plain != (theirs["reasoning"], theirs["content"], [(c["name"], json.loads(c["arguments"])) for c in theirs["calls"]]):
+            wrong.append(f"{case['label']}: whole answer, double {plain} vLLM {theirs['reasoning']!r} "
+                         f"{theirs['content']!r} {theirs['calls']}")
         whole = reasoning_counts(double_of(tokenizer, case), case["vllm"]["prompt_ids"], case["vllm"]["output_ids"],
                                  case["mode"] != "none", streamed=False)[-1]
         if whole != theirs["reasoning_tokens_whole"]:

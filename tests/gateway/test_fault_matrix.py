@@ -196,7 +196,9 @@ def test_upstream_dies_mid_answer(plain, double_server, mode, kind, status):
 
 
 def test_upstream_reset_under_a_streaming_client(plain, double_server):
-    """polar answers once the upstream has: a streaming client gets the error before any event."""
+    """The upstream answered 200 and then broke: the stream had begun, so the client gets Anthropic's in-stream
+    error event (the SDK raises it) and the row says what happened. (An upstream that breaks before its headers,
+    as vLLM sends them only with the first token, is a plain 502: test_upstream_reset_mid_body.)"""
     proxy, db = plain
     httpx.post(f"{double_server[1]}/_double/fault", json={"mode": "reset", "count": 1}).raise_for_status()
     client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant", max_retries=0, timeout=30)
@@ -204,9 +206,9 @@ def test_upstream_reset_under_a_streaming_client(plain, double_server):
     with pytest.raises(anthropic.APIStatusError) as err, client.messages.stream(
             model="claude-x", max_tokens=32, messages=messages) as stream:
         stream.get_final_message()
-    resp = err.value.response
-    assert resp.status_code == 502 and resp.json()["type"] == "error" and resp.json()["error"]["type"] == "api_error"
-    row = _rows(db)[resp.headers["x-polar-call-id"]]
+    assert err.value.body["type"] == "error" and err.value.body["error"]["type"] == "api_error"
+    assert "broke off" in err.value.body["error"]["message"]
+    row = _rows(db)[err.value.response.headers["x-polar-call-id"]]
     assert (row["status"], row["error_kind"], row["stream"]) == ("error", "upstream_error", 1)
 
 

@@ -1,8 +1,9 @@
 """The scripted double answers the way the model behind each real template writes a turn.
 
-What the double samples after a template's generation prompt, parsed as vLLM would and rendered
-back by that template, must be exactly the sampled text: otherwise a test on a real template
-would measure the double rather than polar.
+What the double samples after a template's generation prompt, parsed as vLLM would (keeping the
+template's newlines around the reasoning, as vLLM 0.32 does), taken without that glue as polar records
+it, and rendered back by that template, must be exactly the sampled text: otherwise a test on a real
+template would measure the double rather than polar.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import pytest
 
 from polar.doubles.scripted_vllm import ModelFormat, Step
+from polar.upstream.results import content_as_written
 from tests.conftest import REAL_TEMPLATES
 
 TOOLS = [{"type": "function", "function": {"name": "run", "description": "Run a command.", "parameters": {
@@ -36,6 +38,8 @@ def test_sample_renders_back_exactly(load, name, step, thinking):
     prompt = ct.render(CONVERSATION, TOOLS, True, thinking)
     sample = fmt.completion(STEPS[step], prompt)
     reasoning, content, calls = fmt.parse(sample, prompt, TOOLS)
+    content = content_as_written(content, reasoning is not None, bool(calls))
+    reasoning = reasoning.strip("\n") if reasoning is not None else None
     message = {"role": "assistant", "content": content,
                "tool_calls": [{"id": f"c{i}", "type": "function", "function": c} for i, c in enumerate(calls)]}
     if reasoning is not None:
@@ -65,7 +69,7 @@ def test_template_switches_at_run_time(double_server, load):
         sampled = ct.decode(answer["choices"][0]["token_ids"])
         assert sampled.startswith("<think>\nRun them.\n</think>\n\n<tool_call>\n{\"name\": \"run\", ")
         message = answer["choices"][0]["message"]
-        assert message["reasoning"] == "Run them." and message["tool_calls"][0]["function"]["name"] == "run"
+        assert message["reasoning"] == "\nRun them.\n" and message["tool_calls"][0]["function"]["name"] == "run"
         bad = httpx.post(f"{url}/_double/template", json={"chat_template": "/nonexistent/template.jinja"})
         assert bad.status_code == 400 and "bad template" in bad.json()["error"]["message"]
     finally:
