@@ -98,6 +98,7 @@ class StreamingCall:
         self.settled = False
         self._done = asyncio.Event()
         self._cleanup: asyncio.Task | None = None
+        self._settling: asyncio.Task | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body, chunk by chunk. Drain it to the end, or `aclose` it (then `abandon`) when the client goes."""
@@ -119,16 +120,19 @@ class StreamingCall:
                 if out:
                     self.fed.first_at = self.fed.first_at or time.time()
                     yield self._sent(out)
-        except GatewayError as err:  # the upstream broke off, timed out or failed mid-stream
+            result = self.upstream.result()
+            tail = self.renderer.finish(result)
+        except (asyncio.CancelledError, GeneratorExit):  # the client went away while we waited upstream
+            self.abandon()
+            raise
+        except Exception as exc:  # the upstream broke off, timed out or failed mid-stream (or a polar bug)
+            err = exc if isinstance(exc, GatewayError) else GatewayError("internal", f"polar failed mid-stream: {exc!r}")
+            if not isinstance(exc, GatewayError):
+                log.exception("polar failed mid-stream")
             tail = self.renderer.error(err, self._status(err))
             await self._finish(self._broken(err, tail), self._partial())
             yield self._sent(tail)
             return
-        except (asyncio.CancelledError, GeneratorExit):  # the client went away while we waited upstream
-            self.abandon()
-            raise
-        result = self.upstream.result()
-        tail = self.renderer.finish(result)
         end = CallEnd(status="ok", http_status=200, response_body=b"".join([*self.sent, tail]), t_end=0.0,
                       rewrites=self.fed.differences(result))
         if failure := await self._finish(end, result):  # not durable: the client must not take it as the end
@@ -171,9 +175,15 @@ class StreamingCall:
             return None
 
     async def _finish(self, end: CallEnd, result: ChatResult | None) -> str | None:
+        """Settle the call once. The commit runs in a task of its own: a client leaving during it cannot
+        cut it short (the row, the session state and the sampling slot all get done)."""
         if self.settled:
             return None
         self.settled = True
+        self._settling = asyncio.ensure_future(self._settle_and_release(end, result))  # (held: tasks are weakly kept)
+        return await asyncio.shield(self._settling)
+
+    async def _settle_and_release(self, end: CallEnd, result: ChatResult | None) -> str | None:
         try:
             await self.upstream.aclose()
             if self.fed.first_at is not None:
