@@ -122,6 +122,7 @@ class StreamingCall:
                     yield self._sent(out)
             result = self.upstream.result()
             tail = self.renderer.finish(result)
+            self.fed.first_at = self.fed.first_at or time.time()  # an answer that went out whole, at its end
         except (asyncio.CancelledError, GeneratorExit):  # the client went away while we waited upstream
             self.abandon()
             raise

@@ -120,6 +120,10 @@ def check(run: Run, rows: list[dict], template: str | None = None) -> None:
     # Side channels a CLI GETs (Claude Code's settings and policy limits) are answered 404 and
     # not captured: every captured row is a model call.
     assert all(r["endpoint"] != "unknown" for r in rows), summary(rows)
+    # All six CLIs stream their model calls, and got them streamed for real: each answer's first piece
+    # went out before the call ended (its row committed before the stream's terminal event).
+    generated = [r for r in routed if r["endpoint"] == "generate"]
+    assert all(r["stream"] == 1 and r["t_start"] < r["t_first"] <= r["t_end"] for r in generated), summary(rows)
 
 
 def model_calls(rows: list[dict]) -> int:
