@@ -59,8 +59,10 @@ class TokenStream:
             yield _complete(self.turn.feed(text)) if text else []
         if self.finish is None:
             raise GatewayError("upstream_error", f"the upstream {url} ended its stream before the answer finished")
-        self.decoder.finish()
-        yield _complete(self.turn.finish(self.finish, full_text=self.backend.template.decode(self._body())))
+        # What the decoder still held (a character cut by the end of the sample): then the text fed is the
+        # whole decode of the ids, as the non-streamed answer decodes them.
+        last = _complete(self.turn.feed(self.decoder.finish()))
+        yield last + _complete(self.turn.finish(self.finish))
 
     def _take(self, chunk: dict[str, Any]) -> str:
         """Account for one chunk's tokens; the text they add."""
@@ -83,9 +85,6 @@ class TokenStream:
                 versions = choice.get("weight_versions") or []
                 self.version = versions[-1].get("version") if versions else None
         return "".join(text)
-
-    def _body(self) -> list[int]:
-        return self.ids[:-1] if self.ids and self.ids[-1] in self.eos else self.ids
 
     def result(self) -> ChatResult:
         """The whole turn: the parse the stream made (the call ids its client holds), on the ids vLLM sent."""
