@@ -9,9 +9,10 @@ provider shape and leaves a committed capture row saying what happened; when the
 cannot be written, the client gets a 5xx in its provider's shape instead of an unrecorded answer.
 The session state learns a call's tokens only after its row has committed.
 
-A call that asks for a stream gets a `StreamReply` once the upstream has accepted it: its body
-streams as the model samples (gateway/streaming.py), and the same settling commits its row before
-the stream's terminal event. Whatever fails before the upstream accepts is a plain error answer.
+A call that asks for a stream gets a `StreamReply` as soon as its upstream request is sent: whoever
+writes it to the client first awaits `begin` (the upstream's refusal within the keep-alive interval is
+still a plain error answer), then streams the body as the model samples (gateway/streaming.py); the
+same settling commits its row before the stream's terminal event.
 """
 
 from __future__ import annotations
@@ -165,10 +166,12 @@ class Gateway:
         return GatewayReply(reply, meta)
 
     def _stream_reply(self, opened: _Opened, provider: Provider, call: CallStart, ident: Identity, settle) -> StreamReply:
+        ids = {"x-polar-call-id": call.call_id, "x-polar-session": ident.session}
         stream = StreamingCall(opened.upstream, opened.renderer, settle, opened.slot, self.keepalive_s,
-                               provider_status=lambda err: err.status or provider.statuses[err.kind])
+                               provider_status=lambda err: err.status or provider.statuses[err.kind],
+                               refuse=lambda err: self._error(provider, err), headers=ids)
         headers = {**provider.stream_headers(), "content-type": opened.renderer.content_type, "cache-control": "no-cache",
-                   "x-polar-call-id": call.call_id, "x-polar-session": ident.session}
+                   **ids}
         return StreamReply(200, headers, stream)
 
     async def _settle(self, row_id: int | None, call: CallStart, state: _Call, session: str, meta: dict[str, Any],
@@ -224,21 +227,14 @@ class Gateway:
 
     async def _open_stream(self, route: Route, context: Any, request: ChatRequest, call: CallStart, state: _Call,
                            view: SessionView) -> _Opened:
-        """Start the upstream stream, holding a sampling slot until it ends (the stream releases it).
-
-        Whatever the upstream refuses within the keep-alive interval (a bad or too long request) is a plain
-        error answer; past it, the upstream is queueing or prefilling and the client's stream starts, its
-        keep-alives going out until the first token (a later refusal becomes the stream's error event)."""
+        """Send the upstream request, holding a sampling slot until the stream ends (the stream releases it).
+        Whether the upstream takes it is the stream's `begin` to wait for, while the client's side connects."""
         slot = AsyncExitStack()
         await slot.enter_async_context(self.gate.sampling())
         state.t_up_start = time.time()
-        upstream = None
         try:
             upstream = await self.backend.stream(request, call.call_id, view)
-            await upstream.accepted(self.keepalive_s if self.keepalive_s > 0 else None)
         except BaseException:
-            if upstream is not None:
-                await upstream.aclose()
             await slot.aclose()
             raise
         return _Opened(upstream, route.provider.stream_renderer(route, context, request, call.call_id), slot)
@@ -279,7 +275,7 @@ class Gateway:
 
 @dataclass
 class _Opened:
-    """A stream the upstream accepted: its renderer, and the sampling slot it holds until it ends."""
+    """A stream sent upstream: its renderer, and the sampling slot it holds until it ends."""
 
     upstream: UpstreamStream
     renderer: Any

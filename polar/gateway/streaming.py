@@ -1,8 +1,11 @@
 """One streamed model call, from the upstream's first chunk to its committed capture.
 
-The body of a streamed answer is an async iterator of bytes (`StreamingCall.chunks`) that whoever
-writes to the client drains: the mitmproxy relay (mitm/relay.py), or a test. Each upstream chunk is
-rendered and handed on at once; silences longer than `keepalive_s` get the provider's keep-alive.
+Whoever writes the answer to the client (the mitmproxy relay, mitm/relay.py, or a test) first awaits
+`begin`: vLLM sends a stream's headers only with its first token, and a request it refuses within
+`keepalive_s` (a bad or too long prompt, an overloaded engine) gets a plain error answer in the
+provider's shape; past that the upstream is queueing or prefilling and the stream starts. The body is
+an async iterator of bytes (`chunks`): each upstream chunk is rendered and handed on at once; silences
+longer than `keepalive_s` get the provider's keep-alive.
 The capture row, with every token id, is committed before the stream's terminal event goes out;
 if that commit fails the client gets the provider's error event instead of an end it could trust.
 
@@ -11,7 +14,8 @@ How a stream can end, and what the row then says:
 - the upstream breaks off or fails mid-stream: the provider's error event, the row an error with the
   tokens sampled so far;
 - the client goes away (or never comes to read): the upstream request is closed at once, so vLLM
-  aborts it and frees the sequence, and the row is kept with the partial tokens as client_disconnected.
+  aborts it and frees the sequence, and the row is kept with the partial tokens as client_disconnected;
+- the upstream refuses before the stream began: the plain error answer, an error row.
 Exactly one of these settles each call, once.
 """
 
@@ -28,6 +32,7 @@ from typing import Any
 from polar.canonical import ChatResult, Delta, ReasoningDelta, TextDelta
 from polar.capture.records import CallEnd
 from polar.errors import GatewayError
+from polar.providers.base import HttpReply
 from polar.providers.stream import StreamRenderer
 from polar.upstream.base import UpstreamStream
 
@@ -88,10 +93,15 @@ class _Fed:
 
 class StreamingCall:
     def __init__(self, upstream: UpstreamStream, renderer: StreamRenderer, settle: Settle, slot: AsyncExitStack,
-                 keepalive_s: float = 0.0, provider_status: Callable[[GatewayError], int] | None = None):
+                 keepalive_s: float = 0.0, provider_status: Callable[[GatewayError], int] | None = None,
+                 refuse: Callable[[GatewayError], tuple[HttpReply, CallEnd]] | None = None,
+                 headers: dict[str, str] | None = None):
         self.upstream, self.renderer, self._settle, self._slot = upstream, renderer, settle, slot
         self.keepalive_s = keepalive_s
         self._status = provider_status or (lambda err: 500)
+        self._refuse = refuse  # an error → the provider's plain error answer and its row
+        self._headers = headers or {}  # what every answer of the call carries (its call id, its session)
+        self.begun = False
         self.fed = _Fed()
         self.sent: list[bytes] = []
         self.started = False
@@ -106,12 +116,33 @@ class StreamingCall:
         self._active = time.monotonic()  # when the client last got something
         self._watchdog: asyncio.TimerHandle | None = None
 
+    async def begin(self) -> HttpReply | None:
+        """Wait up to `keepalive_s` for the upstream to take the request. None: stream the body. Else the
+        upstream refused meanwhile: the row is settled and this plain error answer goes instead."""
+        self.begun = True
+        try:
+            await self.upstream.accepted(self.keepalive_s if self.keepalive_s > 0 else None)
+            return None
+        except (asyncio.CancelledError, GeneratorExit):  # the client went away during queue or prefill
+            self.abandon()
+            raise
+        except GatewayError as err:
+            if self._refuse is None:
+                raise
+            reply, end = self._refuse(err)
+            if failure := await self._finish(end, None):
+                reply, _ = self._refuse(GatewayError("internal", f"polar could not record this call: {failure}"))
+            reply.headers.update(self._headers)
+            return reply
+
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body, chunk by chunk. Drain it to the end, or `aclose` it (then `abandon`) when the client goes."""
         if self.started or self.settled:
             raise RuntimeError("a streamed answer can be read once")
         self.started = True
         try:
+            if not self.begun:
+                await self.upstream.accepted(None)  # (a late refusal raises: the stream's error event)
             opening = self.renderer.opening(self.upstream.prompt_tokens)
             if opening:
                 yield self._sent(opening)

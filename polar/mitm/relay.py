@@ -119,6 +119,13 @@ class StreamRelay:
         reply = self._waiting.pop(request.headers.get(TOKEN_HEADER, ""), None)
         if reply is None:
             return web.Response(status=404, text="no such stream\n")
+        try:
+            refused = await reply.call.begin()  # the upstream queues and prefills while mitmproxy connected here
+        except asyncio.CancelledError:
+            reply.call.abandon()
+            raise
+        if refused is not None:
+            return web.Response(status=refused.status, body=refused.body, headers=refused.headers)
         response = web.StreamResponse(status=reply.status, headers=reply.headers)
         body = reply.call.chunks()
         try:
