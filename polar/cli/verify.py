@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -44,10 +45,16 @@ def verify(db, model_dir, as_json, out, tolerance, ratio_threshold, python, dtyp
     from polar.verify import Tolerance, VerifyError
     from polar.verify import verify as run_verify
 
-    sink = open(out, "w", encoding="utf-8") if out else None  # closed below
+    try:
+        limits = Tolerance(tolerance, ratio_threshold)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tolerance / --ratio-threshold") from None
+    # The results file appears whole or not at all: lines go to OUT.partial, renamed once the run is done.
+    partial = Path(f"{out}.partial") if out else None
+    sink = partial.open("w", encoding="utf-8") if partial else None
 
     def emit(check) -> None:
-        line = json.dumps(check.to_json(), ensure_ascii=False)
+        line = json.dumps(check.to_json())  # ASCII: any session id survives any terminal and file
         if as_json:
             click.echo(line)
         if sink:
@@ -56,12 +63,15 @@ def verify(db, model_dir, as_json, out, tolerance, ratio_threshold, python, dtyp
 
     try:
         run = run_verify(db, model_dir, python=python, dtype=dtype, device=device, builder=builder, session=session,
-                         tolerance=Tolerance(tolerance, ratio_threshold), chunk=chunk, on_check=emit)
+                         tolerance=limits, chunk=chunk, on_check=emit)
     except VerifyError as exc:
-        raise _CannotVerify(str(exc)) from None
-    finally:
-        if sink:
+        if partial:
             sink.close()
+            partial.unlink(missing_ok=True)
+        raise _CannotVerify(str(exc)) from None
+    if partial:
+        sink.close()
+        partial.replace(out)
     if not as_json:
         _print_table(run)
     click.echo(_summary_line(run.summary()), err=as_json)

@@ -61,13 +61,16 @@ def test_a_run_that_cannot_go_ahead_exits_2_with_the_reason(tmp_path, fake_worke
     rec = Recorder(db)
     rec.fail("s")
     rec.close()
-    done = run("--db", db, "--model", model_dir, "--python", fake_worker)
+    results = tmp_path / "verify.jsonl"
+    done = run("--db", db, "--model", model_dir, "--python", fake_worker, "--out", results)
     assert done.exit_code == 2 and "no trajectory to verify" in done.output
+    assert not results.exists() and not tmp_path.joinpath("verify.jsonl.partial").exists()  # no half a file
     record_session(tmp_path / "ok.db").close()
     done = run("--db", tmp_path / "ok.db", "--model", tmp_path, "--python", fake_worker)
     assert done.exit_code == 2 and "not a model directory" in done.output
-    done = run("--db", tmp_path / "ok.db", "--model", model_dir, "--tolerance", "-1")
-    assert done.exit_code == 2
+    for bad in ("-1", "nan"):
+        done = run("--db", tmp_path / "ok.db", "--model", model_dir, "--tolerance", bad)
+        assert done.exit_code == 2 and "--tolerance" in done.output
 
 
 def test_tolerance_is_an_option(tmp_path, fake_worker, model_dir):
