@@ -40,11 +40,11 @@ def test_rows_carry_the_verdict_and_unverified_ones_can_be_left_out(tmp_path):
     stats = json.loads((out / "stats.json").read_text())
     assert stats["verification"] | {"file": None} == {
         "file": None, "records": 4, "trajectories": 5, "verified": 2, "failed": 1, "stale": 1, "not_verified": 1,
-        "max_abs_diff": 2.0, "tolerances": [0.5]}
+        "max_abs_diff": 10.0, "tolerances": [3.0]}
     rows = {r["trajectory_id"]: r for r in pq.read_table(out / "tokens" / "train.parquet").to_pylist()}
     assert {k: r["verification"] for k, r in rows.items()} == {
         "a.0#0": "verified", "a.1#0": "failed", "b.0#0": "stale", "b.1#0": "verified", "c.0#0": "not verified"}
-    assert rows["a.1#0"]["verify_max_abs_diff"] == 2.0 and rows["b.0#0"]["verify_max_abs_diff"] is None
+    assert rows["a.1#0"]["verify_max_abs_diff"] == 10.0 and rows["b.0#0"]["verify_max_abs_diff"] is None
     rl = {r["trajectory_id"]: r["verification"] for r in pq.read_table(out / "rl" / "groups.parquet").to_pylist()}
     assert rl == {k: r["verification"] for k, r in rows.items()}
 

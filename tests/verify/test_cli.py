@@ -46,14 +46,14 @@ def test_an_altered_trajectory_exits_1_and_is_named(tmp_path, fake_worker, model
     conn.execute("UPDATE calls SET completion_ids=? WHERE id=?", (ids.tobytes(), row_id))
     conn.commit()
     conn.close()
-    done = run("--db", db, "--model", model_dir, "--python", fake_worker, "--json")
+    done = run("--db", db, "--model", model_dir, "--python", fake_worker, "--json", "--tolerance", 0.5)
     assert done.exit_code == 1
     s1, s2 = (json.loads(line) for line in done.stdout.splitlines())
     assert not s1["ok"] and s1["spike_positions"] == [4, 7] and s2["ok"]
-    table = run("--db", db, "--model", model_dir, "--python", fake_worker)
+    table = run("--db", db, "--model", model_dir, "--python", fake_worker, "--tolerance", 0.5)
     assert table.exit_code == 1
     assert "s1#1" in table.stdout and "mismatch" in table.stdout and "4, 7" in table.stdout
-    assert "1/2 trajectories within" in table.stdout and "1 out of tolerance (2 spikes)" in table.stdout
+    assert "1/2 trajectories within |Δ| ≤ 0.5" in table.stdout and "1 out of tolerance (2 spikes)" in table.stdout
 
 
 def test_a_run_that_cannot_go_ahead_exits_2_with_the_reason(tmp_path, fake_worker, model_dir):
