@@ -270,12 +270,12 @@ def _drift(data: RunData) -> Section:
 def _verification(data: RunData) -> Section:
     assert data.verification is not None
     section = Section("verification", "Verification",
-                      "`polar verify` recomputed every sampled token's logprob with the served weights and compared "
+                      "polar verify recomputed every sampled token's logprob with the served weights and compared "
                       "it with the captured one (Δ = recomputed − captured). Failed: some token's |Δ| is over the "
                       "tolerance (a spike), or no logprob was captured to compare. Stale: the results are about "
                       "other tokens under the same trajectory id. Not verified: no result for the trajectory.")
     plot = _plot("verification", "Verification", plots.verification, data,
-                 "Largest |Δ logprob| per verified trajectory, against the tolerance it was checked with.")
+                 "Largest |Δ logprob| per trajectory it checked (verified or failed), against the tolerance it used.")
     section.plots = [plot] if plot else None
     order = {"failed": 0, "stale": 1, "not verified": 2, "verified": 3}
     rows = []

@@ -57,13 +57,17 @@ class Worker:
         self.model = check_model_dir(model)
         self.python = find_python(python)
         self._log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # the worker's stderr
-        env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONNOUSERSITE": "1"}
+        env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # the weights are local: never a hub
         env.pop("PYTHONPATH", None)  # another venv's Python must not import polar's environment
-        self._proc = subprocess.Popen(
-            [self.python, str(WORKER), "--model", str(self.model), "--dtype", dtype, "--device", device,
-             "--chunk", str(chunk)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, encoding="utf-8", env=env,
-        )  # fmt: skip
+        try:
+            self._proc = subprocess.Popen(
+                [self.python, str(WORKER), "--model", str(self.model), "--dtype", dtype, "--device", device,
+                 "--chunk", str(chunk)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, encoding="utf-8", env=env,
+            )  # fmt: skip
+        except OSError as exc:
+            self._log.close()
+            raise VerifyError(f"cannot run {self.python}: {exc}") from None
         ready = self._receive()
         if "error" in ready:
             self.close()

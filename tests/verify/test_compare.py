@@ -100,3 +100,19 @@ def test_bad_tolerances_and_lengths_are_refused():
     t = traj([-0.5])
     with pytest.raises(ValueError):
         compare(t, [3], [], 0)
+
+
+def test_digest_survives_the_trip_through_a_rollout_state(tmp_path):
+    """Verify rebuilds trajectories from the capture DB; export reads them back from the rollout state's JSON.
+    Both must give one digest, or every result would read as stale."""
+    from polar.trajectories import prefix_merge
+    from tests.support.captures import Recorder
+
+    rec = Recorder(tmp_path / "captures.db")
+    rec.call("s", [1, 2, 3], [4, 5, 6], logprobs=[-0.1234567, -1e-8, -17.25])
+    rec.call("s", [1, 2, 3, 4, 5, 6, 7], [8], no_logprobs=True)
+    rows = rec.rows()
+    rec.close()
+    (built,) = prefix_merge(rows)
+    stored = Trajectory.model_validate_json(built.model_dump_json())
+    assert digest(stored) == digest(built)
