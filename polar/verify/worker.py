@@ -41,17 +41,28 @@ def _send(out, message) -> None:
     out.flush()
 
 
+def _version(text: str) -> tuple:
+    parts = []
+    for piece in text.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
 class Model:
     def __init__(self, model_dir: str, dtype: str, device: str, chunk: int):
         import torch
+        import transformers
         from transformers import AutoModelForCausalLM
 
         self.torch = torch
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, local_files_only=True)
+        chosen = "auto" if dtype == "auto" else getattr(torch, dtype)
+        # transformers 4.56 renamed torch_dtype to dtype; older ones would ignore the new name
+        kwarg = "dtype" if _version(transformers.__version__) >= (4, 56) else "torch_dtype"
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, **{kwarg: chosen})
         self.model.to(self.device).eval()
         self.chunk = chunk
         # Older or remote-code models compute every position's logits: the chunk bounds that memory too.
