@@ -106,6 +106,8 @@ def _summary_line(s: dict) -> str:
              f"{s['tokens']} tokens compared ({spread})"]
     if s["mismatch"]:
         parts.append(f"{s['mismatch']} out of tolerance ({s['spikes']} spikes)")
+        if s["spikes"] > s["tokens"] / 2:  # a few altered tokens spike locally; nearly all is another model
+            parts.append("most tokens are off: is --model the weights that served these captures (and --dtype sane)?")
     if s["missing"] or s["no_logprobs"]:
         parts.append(f"{s['missing']} sampled tokens without captured logprobs, not compared "
                      f"({s['no_logprobs']} trajectories with none)")

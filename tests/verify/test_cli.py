@@ -79,3 +79,4 @@ def test_tolerance_is_an_option(tmp_path, fake_worker, model_dir):
     assert run("--db", db, "--model", model_dir, "--python", fake_worker, "--json").exit_code == 0
     tight = run("--db", db, "--model", model_dir, "--python", fake_worker, "--json", "--tolerance", 0.1)
     assert tight.exit_code == 1 and json.loads(tight.stdout)["spikes"] == 15
+    assert "most tokens are off: is --model the weights" in tight.stderr
