@@ -11,6 +11,7 @@ from polar.cli.report import report
 from polar.cli.rollout import rollout, submit
 from polar.cli.serve import captures, double, proxy
 from polar.cli.trajectories import trajectories
+from polar.cli.verify import verify
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,7 +20,7 @@ def main() -> None:
     """polar: capture token-level truth from unchanged agent harnesses, in front of vLLM."""
 
 
-for command in (proxy, double, captures, trajectories, demo, rollout, submit, export, report):
+for command in (proxy, double, captures, trajectories, verify, demo, rollout, submit, export, report):
     main.add_command(command)
 
 __all__ = ["main", "DEFAULT_CACHE", "DEFAULT_TOKENIZER"]

@@ -35,6 +35,10 @@ def _formats(ctx, param, value: str) -> tuple[str, ...]:
                                                        "went on in failed calls.")
 @click.option("--drop-broken-prefix", is_flag=True,
               help="Leave out trajectories whose prompt re-rendered an earlier turn instead of continuing it.")
+@click.option("--verification", "verification", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="`polar verify --json` results of these captures: rows carry each trajectory's verdict.")
+@click.option("--drop-unverified", is_flag=True,
+              help="Leave out trajectories the verification file does not show within tolerance (needs it).")
 @click.option("--no-dedup", is_flag=True, help="Keep identical trajectories (same tokens and mask) more than once.")
 @click.option("--val-fraction", default=0.1, show_default=True, type=click.FloatRange(0, 1, max_open=True),
               help="Share of groups (see --split-by) that go to the validation split.")
@@ -52,7 +56,7 @@ def _formats(ctx, param, value: str) -> tuple[str, ...]:
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON instead of tables.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def export(state_path, captures_path, out, min_reward, outcomes, include_truncated, include_partial,
-           drop_broken_prefix, no_dedup, val_fraction, split_by, seed, formats, task_ids, rl, tokenizer_dir,
+           drop_broken_prefix, verification, drop_unverified, no_dedup, val_fraction, split_by, seed, formats, task_ids, rl, tokenizer_dir,
            chat_template, as_json, quiet) -> None:
     """Export a rollout run's accepted trajectories: chat rows, token rows, train/validation splits."""
     from rich.console import Console
@@ -62,6 +66,8 @@ def export(state_path, captures_path, out, min_reward, outcomes, include_truncat
     from polar.datasets.source import ExportError
     from polar.datasets.stats import stats_tables, summary_lines
 
+    if drop_unverified and not verification:
+        raise click.UsageError("--drop-unverified needs --verification FILE (the lines of polar verify --json)")
     if chat_template and not tokenizer_dir:
         raise click.UsageError("--chat-template needs --tokenizer")
     if tokenizer_dir and not captures_path:
@@ -77,11 +83,12 @@ def export(state_path, captures_path, out, min_reward, outcomes, include_truncat
                                      param_hint="--tokenizer") from None
     selection = Selection(min_reward=min_reward, outcomes=frozenset(outcomes), include_partial=include_partial,
                           include_truncated=include_truncated, include_broken_prefix=not drop_broken_prefix,
-                          dedup=not no_dedup)
+                          dedup=not no_dedup, require_verified=drop_unverified)
     config = ExportConfig(state=Path(state_path), out=Path(out),
                           captures=Path(captures_path) if captures_path else None,
                           selection=selection, val_fraction=val_fraction, seed=seed, split_by=split_by,
-                          formats=formats, task_ids=frozenset(task_ids) or None, template=template, rl=rl)
+                          formats=formats, task_ids=frozenset(task_ids) or None, template=template, rl=rl,
+                          verification=tuple(Path(p) for p in verification))
     console = Console(stderr=True)
     try:
         result = export_dataset(config, console=console, progress=not quiet)

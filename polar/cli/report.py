@@ -17,7 +17,9 @@ import click
 @click.option("--title", default="polar run report", show_default=True)
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False),
               help="Hugging Face tokenizer directory: decode the tokens around each prefix break.")
-def report(state_path, captures_path, out, title, tokenizer_dir) -> None:
+@click.option("--verification", multiple=True, type=click.Path(dir_okay=False),
+              help="`polar verify --json` results of these captures: a verification section.")
+def report(state_path, captures_path, out, title, tokenizer_dir, verification) -> None:
     """Write an HTML report of a run: rewards, tokens and turns, stage timings, trajectories, drift."""
     from polar.reporting import ReportInputError, write_report
 
@@ -29,9 +31,9 @@ def report(state_path, captures_path, out, title, tokenizer_dir) -> None:
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     try:
-        data = write_report(out, state_path, captures_path, tokenizer, title)
+        data = write_report(out, state_path, captures_path, tokenizer, title, verification)
     except ReportInputError as err:
-        hint = {"state": "--state", "captures": "--db"}.get(err.source)
+        hint = {"state": "--state", "captures": "--db", "verification": "--verification"}.get(err.source)
         raise click.BadParameter(str(err), param_hint=hint) from None
     click.echo(f"wrote {Path(out)}: {len(data.sessions)} sessions, {len(data.trajectories)} trajectories, "
                f"{sum(t.broken_prefix for t in data.trajectories)} broken prefixes")

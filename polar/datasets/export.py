@@ -26,6 +26,8 @@ from polar.datasets.files import FORMATS, write_rows
 from polar.datasets.select import SPLITS, Candidate, Selection, SplitBy, select, split
 from polar.datasets.source import CaptureSource, ExportError, RolloutSource
 from polar.datasets.stats import selection_stats
+from polar.verify.errors import VerifyError
+from polar.verify.results import Verification
 
 MISMATCH_EXAMPLES = 5  # chat rows whose re-rendering differs, listed in stats.json
 
@@ -43,6 +45,7 @@ class ExportConfig:
     task_ids: frozenset[str] | None = None
     template: Any = None  # a polar.tokens.ChatTemplate: check every chat row re-renders to its tokens
     rl: bool = False
+    verification: tuple[Path, ...] = ()  # `polar verify --json` results files (docs/verify.md)
 
 
 @dataclass
@@ -84,6 +87,9 @@ def export_dataset(config: ExportConfig, console: Console | None = None, progres
         raise ExportError(f"{config.out} exists and is not a directory")
     if not 0.0 <= config.val_fraction < 1.0:
         raise ExportError(f"the validation fraction must be in [0, 1), got {config.val_fraction}")
+    if config.selection.require_verified and not config.verification:
+        raise ExportError("leaving out unverified trajectories needs a verification results file (polar verify --json)")
+    verification = _verification(config.verification)
     source = RolloutSource(config.state)
     captures = CaptureSource(config.captures) if config.captures else None
     try:
@@ -91,13 +97,17 @@ def export_dataset(config: ExportConfig, console: Console | None = None, progres
             tasks = set(config.task_ids) if config.task_ids else None
             records = list(_track(bar, source.records(tasks), "reading sessions", source.count(tasks)))
             candidates = [Candidate(t, rec.result, rec.harness) for rec in records for t in rec.result.trajectories]
+            if verification is not None:
+                _mark_verified(candidates, verification)
             selected = select(candidates, config.selection)
             splits = split(selected.accepted, config.val_fraction, config.seed, config.split_by)
             stats = selection_stats(candidates, selected, splits)
+            if verification is not None:
+                stats["verification"] = verification.summary([c.trajectory for c in candidates])
             chat_rows = _chat_rows(splits, captures, config.template, bar, stats) if captures else None
             config.out.mkdir(parents=True, exist_ok=True)
             _clear(config.out)
-            files = _write(config, splits, chat_rows, records, stats)
+            files = _write(config, splits, chat_rows, records, stats, candidates)
     finally:
         source.close()
         if captures:
@@ -106,9 +116,25 @@ def export_dataset(config: ExportConfig, console: Console | None = None, progres
     stats["settings"] = {"state": str(config.state), "captures": str(config.captures) if config.captures else None,
                          "selection": {**asdict(config.selection), "outcomes": sorted(config.selection.outcomes)},
                          "val_fraction": config.val_fraction, "seed": config.seed, "split_by": config.split_by,
-                         "tasks": sorted(config.task_ids) if config.task_ids else None}
+                         "tasks": sorted(config.task_ids) if config.task_ids else None,
+                         "verification": [str(p) for p in config.verification]}
     (config.out / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
     return ExportResult(stats, [*files, config.out / "stats.json"])
+
+
+def _verification(paths: tuple[Path, ...]) -> Verification | None:
+    if not paths:
+        return None
+    try:
+        return Verification.load(*paths)
+    except VerifyError as exc:
+        raise ExportError(str(exc)) from None
+
+
+def _mark_verified(candidates: list[Candidate], verification: Verification) -> None:
+    for c in candidates:
+        c.verification, record = verification.lookup(c.trajectory)
+        c.verify_max_abs_diff = record.max_abs_diff if record else None
 
 
 def _chat_rows(splits: dict[str, list[Candidate]], captures: CaptureSource, template, bar,
@@ -139,7 +165,7 @@ def _chat_rows(splits: dict[str, list[Candidate]], captures: CaptureSource, temp
 
 
 def _write(config: ExportConfig, splits: dict[str, list[Candidate]], chat_rows: dict[str, list] | None,
-           records: list, stats: dict[str, Any]) -> list[Path]:
+           records: list, stats: dict[str, Any], candidates: list[Candidate]) -> list[Path]:
     files: list[Path] = []
     for name, rows in splits.items():
         if not rows:
@@ -154,10 +180,27 @@ def _write(config: ExportConfig, splits: dict[str, list[Candidate]], chat_rows: 
         harness = {rec.result.session_id: rec.harness for rec in records}
         groups = rl.rl_groups((rec.result for rec in records), harness_of=harness.get)
         rows = [row for g in groups for row in g.rows]
-        stats["rl"] = {"groups": len(groups), "rows": len(rows),
-                       "groups_with_signal": sum(g.has_signal for g in groups),
+        kept = _verify_rl_rows(rows, candidates, config.selection.require_verified)
+        stats["rl"] = {"groups": len(groups), "rows": len(kept), "groups_with_signal": sum(g.has_signal for g in groups),
                        "dropped_sessions": dict(sum((g.dropped for g in groups), Counter()))}
+        if config.verification:
+            stats["rl"]["rows_left_out_unverified"] = len(rows) - len(kept)
+        rows = kept
         if rows:
             (config.out / "rl").mkdir(exist_ok=True)
             files += write_rows(rows, config.out / "rl" / "groups", config.formats, rl.SCHEMA)
     return files
+
+
+def _verify_rl_rows(rows: list[dict[str, Any]], candidates: list[Candidate], require: bool) -> list[dict[str, Any]]:
+    """Fill the RL rows' verification columns; the rows kept (only verified ones when `require`).
+    Group statistics stay over every scored session: a row left out still had its reward."""
+    by_id = {c.trajectory.id: c for c in candidates}
+    kept = []
+    for row in rows:
+        c = by_id.get(row["trajectory_id"])
+        if c is not None:
+            row["verification"], row["verify_max_abs_diff"] = c.verification, c.verify_max_abs_diff
+        if not require or row["verification"] == "verified":
+            kept.append(row)
+    return kept

@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from polar.datasets.select import VERIFY_COLUMNS
 from polar.rollout.tasks import SessionResult
 
 SCHEMA = pa.schema([
@@ -48,6 +49,7 @@ SCHEMA = pa.schema([
     ("trainer_policy_version", pa.int64()),  # the trainer's version when the session started
     ("num_turns", pa.int32()),
     ("truncated", pa.bool_()),
+    *VERIFY_COLUMNS,  # filled by the export when given a verification file
 ])
 RL_OUTCOMES = frozenset({"ok", "timeout"})  # a timed-out session is a scored attempt, not a failure
 
@@ -122,6 +124,8 @@ def rl_group(group_id: str, results: Iterable[SessionResult], *, harness_of: Cal
                 "trainer_policy_version": r.policy_version,
                 "num_turns": len(t.turns),
                 "truncated": t.truncated,
+                "verification": None,  # the export fills these from a verification file
+                "verify_max_abs_diff": None,
             })
     return RLGroup(group_id, rows, len(kept), mean, std, dropped, session_ids)
 

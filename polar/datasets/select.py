@@ -36,6 +36,9 @@ class Candidate:
     trajectory: Trajectory
     result: SessionResult
     harness: str | None = None
+    # Against a verification results file (polar.verify.results): verified | failed | stale | not verified.
+    verification: str | None = None  # None: no file given
+    verify_max_abs_diff: float | None = None
 
     @property
     def task(self) -> str:
@@ -60,6 +63,11 @@ IDENTITY_COLUMNS = [
     ("sample", pa.int32()),
     ("reward", pa.float64()),
 ]
+# What `polar verify` said of a row's trajectory (export --verification FILE; null without a file).
+VERIFY_COLUMNS = [
+    ("verification", pa.string()),  # verified | failed | stale | not verified
+    ("verify_max_abs_diff", pa.float64()),  # its largest |Δ logprob| (null: not compared)
+]
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ class Selection:
     include_truncated: bool = False  # trajectories with a turn cut at the token limit
     include_broken_prefix: bool = True  # self-consistent, but re-rendered rather than continued
     dedup: bool = True  # identical token sequences (and masks) are kept once
+    require_verified: bool = False  # only trajectories a verification file says are within tolerance
 
 
 @dataclass
@@ -95,6 +104,8 @@ def rejection(c: Candidate, rules: Selection) -> str | None:
         return "broken prefix"
     if not t.trainable_tokens:
         return "no trainable tokens"
+    if rules.require_verified and c.verification != "verified":
+        return {"failed": "failed verification", "stale": "stale verification"}.get(c.verification, "not verified")
     if rules.min_reward is not None:
         if c.reward is None:
             return "no reward"

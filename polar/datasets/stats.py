@@ -104,6 +104,11 @@ def summary_lines(stats: dict[str, Any]) -> list[str]:
                      "trajectories (null in `logprobs`, `has_logprobs` false)")
     if stats["rejected"]:
         lines.append("left out: " + ", ".join(f"{n} {reason}" for reason, n in stats["rejected"].items()))
+    check = stats.get("verification")
+    if check:
+        worst = "" if check["max_abs_diff"] is None else f"; largest |Δ logprob| {check['max_abs_diff']:.3g}"
+        lines.append(f"verification: {check['verified']} verified, {check['failed']} failed, "
+                     f"{check['stale']} stale, {check['not_verified']} not verified of {check['trajectories']}{worst}")
     chat = stats.get("chat")
     if chat:
         line = f"chat rows: {chat['rows']}"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from polar.datasets.select import IDENTITY_COLUMNS, Candidate
+from polar.datasets.select import IDENTITY_COLUMNS, VERIFY_COLUMNS, Candidate
 
 IGNORE_INDEX = -100  # labels value for positions the loss skips
 
@@ -43,6 +43,7 @@ SCHEMA = pa.schema([
     ("truncated", pa.bool_()),
     ("broken_prefix", pa.bool_()),
     ("parent_trajectory_id", pa.string()),  # forks: the trajectory whose first tokens this one repeats (masked)
+    *VERIFY_COLUMNS,
 ])
 
 
@@ -66,6 +67,8 @@ def token_row(c: Candidate) -> dict[str, Any]:
         "truncated": t.truncated,
         "broken_prefix": t.broken_prefix,
         "parent_trajectory_id": t.lineage.parent_id if t.lineage else None,
+        "verification": c.verification,
+        "verify_max_abs_diff": c.verify_max_abs_diff,
     }
 
 

@@ -11,9 +11,10 @@ from polar.reporting.html import render
 
 
 def write_report(out: str | Path, state: str | Path | None = None, captures: str | Path | None = None,
-                 tokenizer=None, title: str = "polar run report") -> RunData:
-    """Gather the inputs, render them and write the page to `out`; returns what was gathered."""
-    data = gather(state, captures, tokenizer)
+                 tokenizer=None, title: str = "polar run report", verification: list[str | Path] | tuple = ()) -> RunData:
+    """Gather the inputs, render them and write the page to `out`; returns what was gathered.
+    `verification`: `polar verify --json` results files, shown against the run's trajectories."""
+    data = gather(state, captures, tokenizer, verification)
     Path(out).write_text(render(data, title), encoding="utf-8")
     return data
 

@@ -24,6 +24,8 @@ from polar.sqlite_files import WrongDatabase, open_readonly
 from polar.trajectories.builders import by_session, is_failed, is_sample, prefix_merge
 from polar.trajectories.drift import Decoder, SessionDrift, drift_report
 from polar.trajectories.model import Trajectory
+from polar.verify.errors import VerifyError
+from polar.verify.results import Verification
 
 _KINDS = {"state": "rollout state", "captures": "capture"}  # report input → polar.sqlite_files kind
 _RETRY = re.compile(r"\.r\d+$")
@@ -118,6 +120,7 @@ class RunData:
     sessions: list[SessionStats]
     drift: list[SessionDrift] | None  # None without a capture DB
     capture_span: tuple[float, float] | None = None  # first call's start, last call's end (epoch seconds)
+    verification: Verification | None = None  # `polar verify --json` results, when given
 
     @property
     def has_state(self) -> bool:
@@ -141,10 +144,14 @@ class RunData:
 
 
 def gather(state: str | Path | None = None, captures: str | Path | None = None,
-           tokenizer: Decoder | None = None) -> RunData:
-    """Read the inputs (at least one) into a RunData; bad inputs raise ReportInputError."""
+           tokenizer: Decoder | None = None, verification: list[str | Path] | tuple = ()) -> RunData:
+    """Read the inputs (at least one DB) into a RunData; bad inputs raise ReportInputError."""
     if state is None and captures is None:
         raise ReportInputError("give a rollout state DB, a capture DB, or both")
+    try:
+        checks = Verification.load(*verification) if verification else None
+    except VerifyError as exc:
+        raise ReportInputError(str(exc), "verification") from None
     sessions: dict[str, SessionStats] = {}
     if state is not None:
         state = Path(state)
@@ -159,7 +166,7 @@ def gather(state: str | Path | None = None, captures: str | Path | None = None,
         timed = [r for r in rows if r.get("t_start") is not None]
         if timed:
             span = (min(r["t_start"] for r in timed), max(r.get("t_end") or r["t_start"] for r in timed))
-    return RunData(state, captures, list(sessions.values()), drift, span)
+    return RunData(state, captures, list(sessions.values()), drift, span, checks)
 
 
 # -- the rollout state ----------------------------------------------------------------------------

@@ -29,6 +29,8 @@ class Plot:
 
 def render(data: RunData, title: str = "polar run report") -> str:
     sections = [_summary(data), _rewards(data), _tokens(data), _timings(data), _prefix_merge(data), _drift(data)]
+    if data.verification is not None:  # an input of its own (polar verify's results): its section comes with it
+        sections.append(_verification(data))
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return _TEMPLATE.render(title=title, sections=sections, generated=generated, FOLD_ROWS=FOLD_ROWS,
                             inputs=[("rollout state", data.state_path), ("capture DB", data.captures_path)])
@@ -104,6 +106,10 @@ def _summary(data: RunData) -> Section:
         kept = sum(r.reappeared_tokens for r in data.drift)
         rows.append(["drift", f"{kept:,} of {carried:,} carried sampled tokens reappeared unchanged"
                      f" ({kept / carried if carried else 1.0:.1%}); {_count(data.breaks, 'prefix break')}"])
+    if data.verification is not None:
+        v = data.verification.summary(data.trajectories)
+        rows.append(["verification", f"{v['verified']} of {v['trajectories']} trajectories within tolerance, "
+                     f"{v['failed']} failed, {v['stale']} stale, {v['not_verified']} not verified"])
     if data.capture_span:
         start, end = data.capture_span
         rows.append(["captured", f"{_time(start)} → {_time(end)} ({end - start:.1f}s)"])
@@ -259,6 +265,35 @@ def _drift(data: RunData) -> Section:
         section.tables.append(Table.of("prefix breaks", ["session", "row", "left row", "evidence", "position", "in",
                                                          "prompt mode", "expected", "actual"], breaks))
     return section
+
+
+def _verification(data: RunData) -> Section:
+    assert data.verification is not None
+    section = Section("verification", "Verification",
+                      "polar verify recomputed every sampled token's logprob with the served weights and compared "
+                      "it with the captured one (Δ = recomputed − captured). Failed: some token's |Δ| is over the "
+                      "tolerance (a spike), or no logprob was captured to compare. Stale: the results are about "
+                      "other tokens under the same trajectory id. Not verified: no result for the trajectory.")
+    plot = _plot("verification", "Verification", plots.verification, data,
+                 "Largest |Δ logprob| per trajectory it checked (verified or failed), against the tolerance it used.")
+    section.plots = [plot] if plot else None
+    order = {"failed": 0, "stale": 1, "not verified": 2, "verified": 3}
+    rows = []
+    for t in data.trajectories:
+        state, r = data.verification.lookup(t)
+        spikes = ", ".join(map(str, r.raw.get("spike_positions", [])[:8])) if r else ""
+        rows.append([t.id, state, r.tokens if r else "–", r.missing if r else "–", _num(r and r.mean_abs_diff),
+                     _num(r and r.max_abs_diff), r.spikes if r else "–", spikes or "–"])
+    rows.sort(key=lambda row: order[row[1]])
+    section.tables = [Table.of("per trajectory (failed first)", ["trajectory", "verdict", "tokens", "missing",
+                                                                 "mean |Δ|", "max |Δ|", "spikes", "spikes at"], rows)]
+    if not rows:
+        section.notes = ["No trajectory in the inputs."]
+    return section
+
+
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3g}"
 
 
 # -- formatting -----------------------------------------------------------------------------------------

@@ -334,3 +334,29 @@ def drift(data: RunData) -> Figure | None:
         fig.suptitle("Drift: do sampled tokens come back unchanged?", fontweight="bold")
         _legend(fig)
     return fig
+
+
+def verification(data: RunData) -> Figure | None:
+    """Per trajectory, its largest |Δ logprob| (log scale), verified and failed apart; the tolerance as a line."""
+    if data.verification is None:
+        return None
+    found = [data.verification.lookup(t) for t in data.trajectories]
+    worst = {s: [r.max_abs_diff for state, r in found if state == s and r and r.max_abs_diff is not None]
+             for s in ("verified", "failed")}
+    if not any(worst.values()):
+        return None
+    fig, (ax,) = _figure(1, 1, 2.8)
+    floor = 1e-7  # an exact match (Δ = 0) still shows, at the left edge
+    values = [max(v, floor) for vs in worst.values() for v in vs]
+    bins = np.logspace(np.log10(min(values)), np.log10(max(values)) + 1e-9, 30) if len(set(values)) > 1 else 10
+    for state, color in (("verified", BLUE), ("failed", RED)):
+        if worst[state]:
+            ax.hist([max(v, floor) for v in worst[state]], bins=bins, color=color, alpha=0.8, label=state)
+    for tolerance in {r.tolerance for _, r in found if r and r.tolerance is not None and np.isfinite(r.tolerance)}:
+        ax.axvline(tolerance, color=GREY, linestyle="--", label=f"tolerance {tolerance:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("max |Δ logprob| in the trajectory")
+    ax.set_ylabel("trajectories")
+    _integer(ax.yaxis)
+    ax.legend()
+    return fig
