@@ -21,9 +21,8 @@ import pytest
 from polar.capture.reader import CaptureReader
 from polar.reporting import write_report
 from tests.conftest import REPO
+from tests.rollout.conftest import node_env, run_sessions  # noqa: F401 (node_env: a fixture)
 from tests.support.real_vllm import ensure_tiny_model, require_vllm_venv
-
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 @pytest.fixture
@@ -46,6 +45,23 @@ def late_results(client, task_ids: set[str], sessions: int) -> dict[str, list]:
     return got
 
 
+def test_the_toy_task_scores_brevity_from_what_the_harness_kept(closed_loop, stack, node_env):
+    """On the scripted double: the shell harness asks through polar, the evaluator reads answer.json."""
+    stack.script(rules=[{"match": "capital of France", "steps": [{"content": "Paris."}]}])
+    short, capped = run_sessions(node_env, [closed_loop.toy_task("toy-short", 1, 64, 60),
+                                            closed_loop.toy_task("toy-capped", 1, 2, 60)])
+    for result, limit in ((short, 64), (capped, 2)):
+        assert result.outcome == "ok", (result.error, result.harness_output)
+        details = result.evaluation
+        n = details["completion_tokens"]
+        assert n == result.trajectories[0].trainable_tokens and 0 < n <= limit
+        assert result.reward == pytest.approx(1 - n / limit, abs=1e-4)
+    assert short.evaluation["finish_reason"] == "stop" and short.reward > 0.5
+    assert capped.evaluation["finish_reason"] == "length" and capped.reward == 0.0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_two_steps_bump_the_version_move_the_logprobs_and_refuse_stale_sessions(closed_loop, tmp_path):
     require_vllm_venv()
     model = ensure_tiny_model()
