@@ -142,6 +142,15 @@ class RunData:
     def breaks(self) -> int:
         return sum(len(d.breaks) for d in self.drift or [])
 
+    def by_policy_version(self) -> dict[int, list[SessionStats]]:
+        """Finished sessions by the policy version they ran under (a trainer's run: its learning curve),
+        versions in order; sessions with no version are left out."""
+        versions: dict[int, list[SessionStats]] = {}
+        for s in self.sessions:
+            if s.result is not None and s.result.policy_version is not None:
+                versions.setdefault(s.result.policy_version, []).append(s)
+        return dict(sorted(versions.items()))
+
 
 def gather(state: str | Path | None = None, captures: str | Path | None = None,
            tokenizer: Decoder | None = None, verification: list[str | Path] | tuple = ()) -> RunData:

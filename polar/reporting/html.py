@@ -154,6 +154,13 @@ def _rewards(data: RunData) -> Section:
                      max(rewards) if rewards else "–"])
     section.tables = [Table.of("per harness · task", ["harness", "task", "sessions", "outcomes", "mean reward",
                                                       "min", "max"], rows)]
+    curve = _plot("reward-by-version", "Reward by policy version", plots.reward_by_version, data,
+                  "A training run's learning curve: each dot is a session at the policy version it ran under "
+                  "(the trainer's, from pause/resume); the line is the mean, the band ± one standard deviation.")
+    if curve:
+        section.plots = [*(section.plots or []), curve]
+        section.tables.append(Table.of("per policy version", ["policy version", "sessions", "outcomes", "mean reward",
+                                                              "std", "min", "max"], _version_rows(data)))
     failed = [[s.session_id, s.outcome, (s.result.error or "")[:400]] for s in data.sessions
               if s.result is not None and s.outcome != "ok"]
     if failed:
@@ -161,6 +168,16 @@ def _rewards(data: RunData) -> Section:
     if not data.results:
         section.notes = ["No session has finished yet."]
     return section
+
+
+def _version_rows(data: RunData) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for version, sessions in data.by_policy_version().items():
+        rewards = [s.reward for s in sessions if s.reward is not None]
+        outcomes = Counter(s.outcome for s in sessions)
+        stats = [statistics.fmean(rewards), statistics.pstdev(rewards), min(rewards), max(rewards)] if rewards else ["–"] * 4
+        rows.append([version, len(sessions), " · ".join(f"{o} {n}" for o, n in outcomes.most_common()), *stats])
+    return rows
 
 
 def _tokens(data: RunData) -> Section:

@@ -141,6 +141,51 @@ def rewards(data: RunData) -> Figure | None:
     return fig
 
 
+def reward_by_version(data: RunData) -> Figure | None:
+    """A training run's learning curve: each session's reward by the policy version it ran under, the
+    mean and spread per version, and the outcomes (stale: refused, too many versions behind)."""
+    versions = data.by_policy_version()
+    if len(versions) < 2:
+        return None
+    xs = list(versions)
+    with matplotlib.rc_context(STYLE):
+        fig, (left, right) = _figure(1, 2, 3.4, width_ratios=[3, 2])
+        fig.suptitle("Reward by policy version", fontweight="bold")
+        means, spreads, at = [], [], []
+        for i, (version, sessions) in enumerate(versions.items()):
+            rs = [s.reward for s in sessions if s.reward is not None]
+            if not rs:
+                continue
+            jitter = np.linspace(-0.15, 0.15, len(rs)) if len(rs) > 1 else np.zeros(1)
+            left.scatter(version + jitter, rs, s=12, color=LIGHT_BLUE, alpha=0.8, label="session" if i == 0 else None)
+            at.append(version)
+            means.append(float(np.mean(rs)))
+            spreads.append(float(np.std(rs)))
+        if means:
+            m, sd = np.array(means), np.array(spreads)
+            left.fill_between(at, m - sd, m + sd, color=BLUE, alpha=0.12, label="± std")
+            left.plot(at, m, marker="o", color=BLUE, label="mean")
+        left.set_title("Reward per session")
+        left.set_xlabel("policy version")
+        left.set_ylabel("reward")
+        _integer(left.xaxis)
+        counts = {v: Counter(s.outcome for s in ss) for v, ss in versions.items()}
+        bottom = np.zeros(len(xs))
+        for outcome, color in OUTCOME_COLORS.items():
+            n = np.array([counts[v][outcome] for v in xs])
+            if n.any():
+                right.bar(xs, n, bottom=bottom, color=color, label=outcome, width=0.7)
+                bottom += n
+        right.set_title("Outcomes")
+        right.set_xlabel("policy version")
+        right.set_ylabel("sessions")
+        _integer(right.xaxis)
+        _integer(right.yaxis)
+        right.grid(axis="x", visible=False)
+        _legend(fig)
+    return fig
+
+
 # -- tokens and turns --------------------------------------------------------------------------------
 
 

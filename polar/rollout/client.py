@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from polar.rollout.tasks import SessionResult, TaskSpec
+from polar.upstream.vllm_weights import VLLMWeights
 
 DEFAULT_URL = "http://127.0.0.1:8090"
 STREAM_TIMEOUT = httpx.Timeout(None, connect=10)  # the result stream stays open between results
@@ -77,6 +80,25 @@ class RolloutClient:
 
     def resume(self, policy_version: int | None = None) -> dict[str, Any]:
         return self._call("POST", "/resume", json={"policy_version": policy_version})
+
+    def update_policy(self, vllm: VLLMWeights, weights_dir: str | Path, version: int,
+                      drain_timeout: float = 60.0) -> dict[str, Any]:
+        """One policy update behind polar's gate: pause (no session starts; model calls drain), vLLM loads
+        `weights_dir` and names it `version`, resume under `version`. From then on every call polar
+        captures carries the new version, and sessions are admitted against the staleness bound with it.
+
+        Raises polar.upstream.vllm_weights.WeightSyncError when vLLM could not load the weights; the
+        rollout then stays paused (with vLLM), so nothing samples from weights that may be half replaced.
+        """
+        t0 = time.monotonic()
+        paused = self.pause(drain_timeout=drain_timeout)
+        drained = time.monotonic()
+        loaded = vllm.load(weights_dir, version)  # vLLM's own pause waits for any call still in flight
+        t1 = time.monotonic()
+        resumed = self.resume(policy_version=version)
+        return {"policy_version": resumed["policy_version"], "undrained_calls": paused["in_flight_calls"],
+                "drain_s": drained - t0, "load_s": loaded.seconds, "resume_s": time.monotonic() - t1,
+                "total_s": time.monotonic() - t0}
 
     def health(self) -> bool:
         try:
