@@ -21,8 +21,10 @@ import pytest
 from polar.capture.reader import CaptureReader
 from polar.reporting import write_report
 from tests.conftest import REPO
-from tests.rollout.conftest import node_env, run_sessions  # noqa: F401 (node_env: a fixture)
+from tests.rollout import conftest as rollout
 from tests.support.real_vllm import ensure_tiny_model, require_vllm_venv
+
+node_env = rollout.node_env  # the rollout tests' fixture: a node on the scripted double
 
 
 @pytest.fixture
@@ -48,7 +50,7 @@ def late_results(client, task_ids: set[str], sessions: int) -> dict[str, list]:
 def test_the_toy_task_scores_brevity_from_what_the_harness_kept(closed_loop, stack, node_env):
     """On the scripted double: the shell harness asks through polar, the evaluator reads answer.json."""
     stack.script(rules=[{"match": "capital of France", "steps": [{"content": "Paris."}]}])
-    short, capped = run_sessions(node_env, [closed_loop.toy_task("toy-short", 1, 64, 60),
+    short, capped = rollout.run_sessions(node_env, [closed_loop.toy_task("toy-short", 1, 64, 60),
                                             closed_loop.toy_task("toy-capped", 1, 2, 60)])
     for result, limit in ((short, 64), (capped, 2)):
         assert result.outcome == "ok", (result.error, result.harness_output)
