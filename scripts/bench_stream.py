@@ -161,6 +161,7 @@ class Cell:
     wall: float = 0.0
     proxy_cpu: float | None = None  # seconds over the timed parts (None: no proxy)
     upstream_cpu: float = 0.0
+    client_cpu: float = 0.0  # the load generator's (this process)
 
     def cpu_ms(self, seconds: float | None) -> float | None:
         return None if seconds is None or not self.calls else seconds * 1000 / len(self.calls)
@@ -189,9 +190,10 @@ async def run_block(cell: Cell, upstream: core.Service, n: int) -> None:
                     cell.errors.append(f"{type(exc).__name__}: {exc}")
 
         proxy0 = target.proxy.cpu_seconds() if target.proxy else 0.0
-        upstream0, t0 = upstream.cpu_seconds(), time.perf_counter()
+        upstream0, client0, t0 = upstream.cpu_seconds(), time.process_time(), time.perf_counter()
         await asyncio.gather(*(client() for _ in range(clients)))
         cell.wall += time.perf_counter() - t0
+        cell.client_cpu += time.process_time() - client0
         cell.upstream_cpu += upstream.cpu_seconds() - upstream0
         if target.proxy:
             cell.proxy_cpu = (cell.proxy_cpu or 0.0) + target.proxy.cpu_seconds() - proxy0
@@ -355,6 +357,20 @@ def target_line(rows: list[Figures]) -> str:
             f"(token-faithful) — {'met' if met else 'NOT met'}")
 
 
+def client_line(cells: list[Cell]) -> str:
+    """The load generator shares the machine: how much CPU it took per call."""
+    parts = []
+    for clients in sorted({c.clients for c in cells}):
+        mine = [c for c in cells if c.clients == clients]
+        calls = sum(len(c.calls) for c in mine)
+        wall = sum(c.wall for c in mine)
+        cpu = sum(c.client_cpu for c in mine)
+        if calls and wall:
+            parts.append(f"{cpu * 1000 / calls:.1f} ms CPU per call at {clients} client{'s' if clients > 1 else ''} "
+                         f"({cpu / wall:.0%} of a core)")
+    return "load generator (one Python process, every event parsed): " + "; ".join(parts)
+
+
 def same_answer_lines(rows: list[Figures]) -> list[str]:
     tokens = {t for r in rows for t in r.tokens}
     if len(tokens) == 1:
@@ -464,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> list[Figures]:
     title = (f"Streaming: polar{'' if args.no_litellm else ' and LiteLLM'} vs direct upstream (paced: first token after "
              f"{args.first_token_delay_ms:g} ms, then one every {args.token_delay_ms:g} ms; 1 process each, polar "
              f"captures synchronous={args.sync}; {os.cpu_count()} cores shared by client, proxies and upstream)")
-    lines = [target_line(rows), *same_answer_lines(rows), stats]
+    lines = [target_line(rows), *same_answer_lines(rows), client_line(cells), stats]
     core.print_report(console, results_table(rows, title), lines, args.markdown, load_before, started,
                       core.command_line("bench_stream.py", argv))
     return rows
