@@ -25,6 +25,10 @@ Per call the client records when each event carrying answer text (or token ids) 
                 per chunk, p50 and p99 over every chunk of every call;
   stream      — request sent → end of the stream;
   CPU         — the proxy process's user+system time per streamed call (from /proc, timed part only).
+A second table splits the time to first token at one client where it is spent, each call lined up by
+wall clock with the upstream's log of its streams (request arrival, first token written) and, for polar,
+with its capture row (t_start: the gateway has the request; t_first: the first answer event is rendered);
+its last columns time every answer event from when the upstream was due to write its token.
 Each cell's calls run in --rounds blocks, the targets taking turns block by block (a load spike on
 this shared machine hits them alike); each block opens its connections with one non-streamed call
 each (the upstream paces streams only), untimed.
@@ -40,6 +44,7 @@ import asyncio
 import bisect
 import json
 import os
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -51,6 +56,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -92,6 +98,7 @@ class Call:
     tokens: int  # sampled tokens, as the stream's usage says
     text: str  # the answer text (generate: "", its ids are in `ids`)
     ids: list[int]
+    sent: float = 0.0  # wall clock, to line the call up with the upstream's and polar's own timestamps
 
 
 class StreamError(Exception):
@@ -104,7 +111,7 @@ async def stream_call(session: aiohttp.ClientSession, target: StreamTarget) -> C
     pieces: list[str] = []
     ids: list[int] = []
     size, tokens = 0, None
-    t0 = time.perf_counter()
+    sent, t0 = time.time(), time.perf_counter()
     async with session.post(target.url, json=target.body, headers=target.headers) as resp:
         if resp.status != 200:
             raise StreamError(f"HTTP {resp.status}: {(await resp.read())[:300]!r}")
@@ -144,7 +151,7 @@ async def stream_call(session: aiohttp.ClientSession, target: StreamTarget) -> C
     total = time.perf_counter() - t0
     if not marks:
         raise StreamError("the stream carried no answer")
-    return Call(marks[0][1], total, marks, tokens if tokens is not None else len(ids), "".join(pieces), ids)
+    return Call(marks[0][1], total, marks, tokens if tokens is not None else len(ids), "".join(pieces), ids, sent)
 
 
 # -- load -----------------------------------------------------------------------------------------
@@ -378,6 +385,101 @@ def same_answer_lines(rows: list[Figures]) -> list[str]:
     return [f"NOT the same answer everywhere: tokens per answer {sorted(tokens)}"]
 
 
+# -- where the time to first token goes (one client) ---------------------------------------------
+
+
+@dataclass
+class Split:
+    """A target's time to first token at one client, split at the upstream (and inside polar), medians in ms."""
+
+    target: str
+    calls: int
+    to_upstream: float  # the client sends → the upstream has the request
+    from_upstream: float  # the upstream writes the first token → the client has the first answer event
+    polar: tuple[float, float, float, float] | None = None  # → gateway starts, → upstream, → rendered, → client
+    per_chunk: tuple[float, float] | None = None  # each token: when the upstream was to write it → the client has it
+
+
+def _within(keys: list[float], lo: float, hi: float) -> int | None:
+    """The index of the one sorted key in [lo, hi] (calls at one client do not overlap)."""
+    i = bisect.bisect_left(keys, lo)
+    return i if i < len(keys) and keys[i] <= hi else None
+
+
+def capture_times(target: StreamTarget) -> list[tuple[float, float]]:
+    """(t_start, t_first) of polar's streamed captures, from its database (polar's own clock readings)."""
+    if target.proxy is None or "--db" not in target.proxy.cmd:
+        return []
+    db = target.proxy.cmd[target.proxy.cmd.index("--db") + 1]
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            rows = conn.execute("SELECT t_start, t_first FROM calls WHERE stream = 1 AND t_first IS NOT NULL").fetchall()
+    except sqlite3.Error:
+        return []
+    return sorted(rows)
+
+
+def tokens_of(target: StreamTarget, call: Call, baseline: Baseline) -> list[tuple[int, float]]:
+    """(index of the token that made the event's text available, arrival) per answer event of a call."""
+    if target.kind == CHAT:
+        return [(k, t) for k, (_, t) in enumerate(call.marks)]
+    if target.kind == GENERATE:
+        return [(count - 1, t) for count, t in call.marks]
+    last = len(baseline.ends) - 1
+    return [(min(bisect.bisect_left(baseline.ends, size), last), t) for size, t in call.marks]
+
+
+def splits(cells: list[Cell], upstream: core.Service, text_ends: TextEnds, first_s: float,
+           token_s: float) -> list[Split]:
+    """Each one-client call lined up with the upstream's stream log (and polar's capture row) by wall clock."""
+    log = sorted((arrival, first) for _, arrival, first in
+                 httpx.get(f"{core.upstream_url(upstream)}/_bench/streams", timeout=30).json())
+    arrivals = [a for a, _ in log]
+    ones = {c.target.name: c for c in cells if c.clients == 1}
+    out = []
+    for cell in ones.values():
+        base = ones.get(cell.target.baseline or cell.target.name)
+        baseline = Baseline.of(base, text_ends) if base else None
+        lags: list[float] = []
+        captures = capture_times(cell.target) if cell.target.name.startswith("polar") else []
+        starts = [t for t, _ in captures]
+        parts: list[tuple[float, ...]] = []
+        inner: list[tuple[float, ...]] = []
+        for call in cell.calls:
+            first_event = call.sent + call.ttft
+            if (i := _within(arrivals, call.sent, first_event)) is None:
+                continue
+            arrival, written = log[i]
+            parts.append((arrival - call.sent, first_event - written))
+            if baseline is not None:  # token k was due at arrival + first_s + k * token_s
+                lags += [call.sent + t - arrival - first_s - k * token_s for k, t in tokens_of(cell.target, call, baseline)]
+            if (j := _within(starts, call.sent, arrival)) is not None:
+                t_start, t_first = captures[j]
+                inner.append((t_start - call.sent, arrival - t_start, t_first - written, first_event - t_first))
+        if parts:
+            med = [statistics.median(p[k] for p in parts) * 1000 for k in range(2)]
+            polar = tuple(statistics.median(p[k] for p in inner) * 1000 for k in range(4)) if inner else None
+            out.append(Split(cell.target.name, len(parts), med[0], med[1], polar, p50_p99(lags) if lags else None))
+    return out
+
+
+SPLIT_COLUMNS = ("target", "calls", "client → upstream", "upstream's 1st token → client", "· client → polar gateway",
+                 "· gateway → upstream", "· 1st token → polar rendered it", "· rendered → client",
+                 "each token due → client p50", "p99")
+
+
+def split_table(rows: list[Split]) -> Table:
+    table = Table(title="Where the time to first token goes at 1 client (medians, ms; the upstream's own 1st-token "
+                        "delay left out; · = inside polar, from its capture's t_start/t_first)")
+    for col in SPLIT_COLUMNS:
+        table.add_column(col, justify="left" if col == "target" else "right", no_wrap=True)
+    for r in rows:
+        inner = [_ms(v) for v in r.polar] if r.polar else ["–"] * 4
+        lag = [_ms(v) for v in r.per_chunk] if r.per_chunk else ["–"] * 2
+        table.add_row(r.target, str(r.calls), _ms(r.to_upstream), _ms(r.from_upstream), *inner, *lag)
+    return table
+
+
 # -- set-up ---------------------------------------------------------------------------------------
 
 
@@ -473,6 +575,8 @@ def main(argv: Sequence[str] | None = None) -> list[Figures]:
             cells = asyncio.run(run_matrix(targets, upstream, args.concurrency, args.requests, args.rounds,
                                            lambda line: console.print(f"[dim]{line}[/dim]")))
             stats = core.upstream_stats(upstream)
+            where = splits(cells, upstream, TextEnds(args.tokenizer), args.first_token_delay_ms / 1000,
+                           args.token_delay_ms / 1000)
         finally:
             for service in reversed(services):
                 service.stop()
@@ -483,6 +587,12 @@ def main(argv: Sequence[str] | None = None) -> list[Figures]:
     lines = [target_line(rows), *same_answer_lines(rows), client_line(cells), stats]
     core.print_report(console, results_table(rows, title), lines, args.markdown, load_before, started,
                       core.command_line("bench_stream.py", argv))
+    if where:
+        table = split_table(where)
+        if args.markdown:
+            table.box, table.title_justify = box.MARKDOWN, "left"
+        console.print()
+        console.print(table)
     return rows
 
 

@@ -19,7 +19,8 @@ time). Both default to 0 (unpaced). `--answer-tokens N` makes the double answer 
 with one text of about N tokens (default: its short scripted answer). `GET /v1/models` is the
 double's (with `max_model_len`), so polar's token-faithful mode runs against it too.
 `GET /_bench/stats` tells how many calls missed the cache (one per distinct body) and lists the
-bodies, and the last body received on each path.
+bodies, and the last body received on each path; `GET /_bench/streams` when each paced stream's
+request arrived and when its first token was written (wall clock).
 
     python scripts/bench_upstream.py --port 8000 [--tokenizer DIR] [--token-delay-ms 10]
                                      [--first-token-delay-ms 20] [--answer-tokens 200]
@@ -32,6 +33,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,7 @@ class CachedDouble:
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.double.app), base_url="http://double")
         self.answers: dict[str, tuple[int, bytes]] = {}
         self.last: dict[str, Any] = {}  # path → the last body received there, as received
+        self.streams: list[tuple[str, float, float]] = []  # (path, arrival, first token written): wall clock
         self.calls = 0
         self.misses = 0
 
@@ -150,12 +153,13 @@ def generate_chunks(answer: dict[str, Any], with_usage: bool) -> tuple[list[byte
 
 
 async def send_stream(request: web.Request, parts: tuple[list[bytes], list[bytes], list[bytes]],
-                      first_s: float, token_s: float) -> web.StreamResponse:
+                      first_s: float, token_s: float, log: list | None = None) -> web.StreamResponse:
     """The events, paced: token k leaves at arrival + first_s + k * token_s (the headers with the first,
-    and the role chunk, as vLLM sends them); the closing chunks follow the last token at once."""
+    and the role chunk, as vLLM sends them); the closing chunks follow the last token at once.
+    `log` gets (path, arrival, first token written), wall clock."""
     head, tokens, tail = parts
     loop = asyncio.get_running_loop()
-    start = loop.time()
+    start, arrival = loop.time(), time.time()
     if first_s > 0:
         await asyncio.sleep(first_s)  # queue + prefill: like uvicorn, no headers before the first token
     resp = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
@@ -168,6 +172,9 @@ async def send_stream(request: web.Request, parts: tuple[list[bytes], list[bytes
         for k, chunk in enumerate(writes):
             if k and (wait := start + first_s + k * token_s - loop.time()) > 0:
                 await asyncio.sleep(wait)
+            if k == 0 and log is not None:
+                del log[:-100_000]  # bounded
+                log.append((request.path, arrival, time.time()))
             await resp.write(chunk)
         await resp.write(b"".join(tail))
     await resp.write_eof()
@@ -187,7 +194,8 @@ def make_app(cache: CachedDouble, first_token_delay_s: float = 0.0, token_delay_
             if not body.get("stream") or status != 200:
                 return web.Response(body=raw, status=status, content_type="application/json")
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await send_stream(request, chunks(json.loads(raw), usage), first_token_delay_s, token_delay_s)
+            return await send_stream(request, chunks(json.loads(raw), usage), first_token_delay_s, token_delay_s,
+                                     cache.streams)
 
         return handle
 
@@ -202,12 +210,16 @@ def make_app(cache: CachedDouble, first_token_delay_s: float = 0.0, token_delay_
         return web.json_response({"calls": cache.calls, "misses": cache.misses, "bodies": list(cache.answers),
                                   "last": cache.last})
 
+    async def streams(request: web.Request) -> web.Response:
+        return web.json_response(cache.streams)
+
     app = web.Application()
     app.router.add_post(CHAT, endpoint(CHAT, sse_chunks))
     app.router.add_post(GENERATE, endpoint(GENERATE, generate_chunks))
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/_bench/stats", stats)
+    app.router.add_get("/_bench/streams", streams)
     return app
 
 

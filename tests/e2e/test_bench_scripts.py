@@ -92,8 +92,9 @@ def test_bench_stream_tiny(tokenizer_dir, capsys, monkeypatch):
     # every target streamed the same answer: the same number of sampled tokens in every call
     assert len({t for r in rows for t in r.tokens}) == 1 and "every call of every target sampled the same" in out
     assert "Streaming: polar" in out
-    for column in bench.COLUMNS:
+    for column in bench.COLUMNS + bench.SPLIT_COLUMNS:
         assert column in out, column
+    assert "Where the time to first token goes at 1 client" in out
     assert "target: polar adds ≤ 5 ms p50 TTFT at one client: " in out
     assert "command: python scripts/bench_stream.py --requests 3" in out and "load average" in out
 
