@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import gc
 import json
 import os
 import sqlite3
@@ -196,6 +197,8 @@ async def run_block(cell: Cell, upstream: core.Service, n: int) -> None:
                 except (StreamError, aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
                     cell.errors.append(f"{type(exc).__name__}: {exc}")
 
+        gc.collect()
+        gc.freeze()  # what exists now is never scanned again: no long collector pauses in the timed part
         proxy0 = target.proxy.cpu_seconds() if target.proxy else 0.0
         upstream0, client0, t0 = upstream.cpu_seconds(), time.process_time(), time.perf_counter()
         await asyncio.gather(*(client() for _ in range(clients)))

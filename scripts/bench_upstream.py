@@ -71,10 +71,12 @@ class CachedDouble:
         self.answers: dict[str, tuple[int, bytes]] = {}
         self.last: dict[str, Any] = {}  # path → the last body received there, as received
         self.streams: list[tuple[str, float, float]] = []  # (path, arrival, first token written): wall clock
+        self.streamed: dict[tuple[str, bool], tuple[list[bytes], list[bytes], list[bytes]]] = {}
         self.calls = 0
         self.misses = 0
 
-    async def answer(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    async def answer(self, path: str, body: dict[str, Any]) -> tuple[int, bytes, str]:
+        """(status, body, cache key) of the double's whole answer."""
         self.calls += 1
         self.last[path] = body
         plain = {k: v for k, v in body.items() if k not in STREAM_KEYS}
@@ -83,7 +85,13 @@ class CachedDouble:
             self.misses += 1
             resp = await self.client.post(path, json=plain)
             self.answers[key] = (resp.status_code, resp.content)
-        return self.answers[key]
+        return (*self.answers[key], key)
+
+    def stream_parts(self, key: str, usage: bool, build: Any) -> tuple[list[bytes], list[bytes], list[bytes]]:
+        """An answer's stream events, built once per answer (and usage choice): a repeat costs nothing."""
+        if (key, usage) not in self.streamed:
+            self.streamed[(key, usage)] = build(json.loads(self.answers[key][1]), usage)
+        return self.streamed[(key, usage)]
 
 
 def _sse(obj: Any) -> bytes:
@@ -153,15 +161,17 @@ def generate_chunks(answer: dict[str, Any], with_usage: bool) -> tuple[list[byte
 
 
 async def send_stream(request: web.Request, parts: tuple[list[bytes], list[bytes], list[bytes]],
-                      first_s: float, token_s: float, log: list | None = None) -> web.StreamResponse:
+                      first_s: float, token_s: float, log: list | None = None,
+                      arrived: tuple[float, float] | None = None) -> web.StreamResponse:
     """The events, paced: token k leaves at arrival + first_s + k * token_s (the headers with the first,
     and the role chunk, as vLLM sends them); the closing chunks follow the last token at once.
-    `log` gets (path, arrival, first token written), wall clock."""
+    `arrived`: (loop time, wall clock) the request arrived (default: now); `log` gets (path, arrival,
+    first token written), wall clock."""
     head, tokens, tail = parts
     loop = asyncio.get_running_loop()
-    start, arrival = loop.time(), time.time()
-    if first_s > 0:
-        await asyncio.sleep(first_s)  # queue + prefill: like uvicorn, no headers before the first token
+    start, arrival = arrived or (loop.time(), time.time())
+    if first_s > 0 and (wait := start + first_s - loop.time()) > 0:
+        await asyncio.sleep(wait)  # queue + prefill: like uvicorn, no headers before the first token
     resp = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
     await resp.prepare(request)
     if first_s <= 0 and token_s <= 0:  # unpaced: every event as fast as it can be written
@@ -184,18 +194,19 @@ async def send_stream(request: web.Request, parts: tuple[list[bytes], list[bytes
 def make_app(cache: CachedDouble, first_token_delay_s: float = 0.0, token_delay_s: float = 0.0) -> web.Application:
     def endpoint(path: str, chunks):
         async def handle(request: web.Request) -> web.StreamResponse:
+            arrived = asyncio.get_running_loop().time(), time.time()
             try:
                 body = await request.json()
             except json.JSONDecodeError:
                 return web.json_response({"error": {"message": "body is not JSON", "code": 400}}, status=400)
             if not isinstance(body, dict):
                 return web.json_response({"error": {"message": "body is not an object", "code": 400}}, status=400)
-            status, raw = await cache.answer(path, body)
+            status, raw, key = await cache.answer(path, body)
             if not body.get("stream") or status != 200:
                 return web.Response(body=raw, status=status, content_type="application/json")
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await send_stream(request, chunks(json.loads(raw), usage), first_token_delay_s, token_delay_s,
-                                     cache.streams)
+            return await send_stream(request, cache.stream_parts(key, usage, chunks), first_token_delay_s,
+                                     token_delay_s, cache.streams, arrived)
 
         return handle
 
