@@ -126,10 +126,11 @@ class Service:
             self.proc.wait(timeout=30)
 
 
-def start_upstream(workdir: Path, tokenizer: str | Path) -> Service:
+def start_upstream(workdir: Path, tokenizer: str | Path, extra: Sequence[str] = ()) -> Service:
+    """scripts/bench_upstream.py (`extra`: more of its options, e.g. its streams' pace)."""
     port = free_port()
     cmd = [sys.executable, str(REPO / "scripts" / "bench_upstream.py"), "--port", str(port),
-           "--tokenizer", str(tokenizer)]
+           "--tokenizer", str(tokenizer), *extra]
     return Service("upstream", cmd, f"http://127.0.0.1:{port}/health", workdir / "upstream.log",
                    env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}).start()
 
@@ -138,12 +139,17 @@ def upstream_url(upstream: Service) -> str:
     return upstream.health_url.removesuffix("/health")
 
 
-def start_polar(workdir: Path, upstream: Service, sync: str) -> Service:
-    """`polar proxy` in chat-template mode, captures in its own database with this commit mode."""
+def start_polar(workdir: Path, upstream: Service, sync: str, tokenizer: str | Path | None = None) -> Service:
+    """`polar proxy` in chat-template mode (token-faithful with a tokenizer), captures in its own database
+    with this commit mode."""
     port = free_port()
+    tag = sync.lower() + ("-tokens" if tokenizer else "")
     cmd = [sys.executable, "-m", "polar.cli", "proxy", "--upstream", upstream_url(upstream), "--port", str(port),
-           "--db", str(workdir / f"captures-{sync.lower()}.db"), "--set", f"polar_db_sync={sync}"]
-    return Service(f"polar (sync={sync})", cmd, f"http://127.0.0.1:{port}/", workdir / f"polar-{sync.lower()}.log",
+           "--db", str(workdir / f"captures-{tag}.db"), "--set", f"polar_db_sync={sync}"]
+    if tokenizer:
+        cmd += ["--tokenizer", str(tokenizer)]
+    return Service(f"polar (sync={sync}{', token-faithful' if tokenizer else ''})", cmd, f"http://127.0.0.1:{port}/",
+                   workdir / f"polar-{tag}.log", env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
                    cwd=REPO).start()
 
 
@@ -202,6 +208,15 @@ def upstream_stats(upstream: Service) -> str:
             "the rest served from its answer cache")
 
 
+def percentile(values: Sequence[float], q: int) -> float:
+    """The q-th percentile (inclusive method; NaN for no values)."""
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
 @dataclass
 class Cell:
     """One target at one concurrency, streamed or not."""
@@ -221,11 +236,7 @@ class Cell:
 
     def pct(self, q: int) -> float:
         """The q-th percentile latency in ms."""
-        if not self.latencies:
-            return float("nan")
-        if len(self.latencies) == 1:
-            return self.latencies[0] * 1000
-        return statistics.quantiles(self.latencies, n=100, method="inclusive")[q - 1] * 1000
+        return percentile(self.latencies, q) * 1000
 
     @property
     def rps(self) -> float:

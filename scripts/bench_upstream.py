@@ -1,24 +1,39 @@
 #!/usr/bin/env python3
-"""The benchmarks' upstream: the scripted vLLM double behind an answer cache, with streaming.
+"""The benchmarks' upstream: the scripted vLLM double behind an answer cache, with (paced) streaming.
 
 The proxy benchmarks measure what a proxy adds, so the upstream must be cheap, stable and the same
-for every column. This server answers `/v1/chat/completions` with exactly the bytes the scripted vLLM
-double (polar/doubles/scripted_vllm.py, real tokenizer) gives for that request body: the double
-computes each distinct body once, in-process, and every repeat of that body is served from memory.
-It also streams, which the double does not: `"stream": true` gets the same answer as OpenAI
-`chat.completion.chunk` events, one per sampled token (text split evenly over them, with that token's
-id and logprob when the request asked for them), a usage chunk when `stream_options.include_usage`,
-then `[DONE]`. `GET /_bench/stats` tells how many calls missed the cache (one per distinct body) and lists the bodies.
+for every column. This server answers `/v1/chat/completions` and `/inference/v1/generate` (vLLM's
+token-in, token-out endpoint) with exactly the bytes the scripted vLLM double
+(polar/doubles/scripted_vllm.py, real tokenizer) gives for that request body: the double computes
+each distinct body once, in-process, and every repeat of that body is served from memory.
+It also streams, which the double does not: `"stream": true` gets the same answer as the events a
+streaming vLLM sends, one per sampled token — chat: `chat.completion.chunk`s (a role chunk with the
+prompt ids when `return_token_ids`, then the text split evenly over the tokens, each with its id and
+logprob when asked for), generate: chunks of token ids and their logprobs (the prompt ids on the
+first, the finish reason on the last) — a usage chunk when `stream_options.include_usage`, then `[DONE]`.
 
-    python scripts/bench_upstream.py --port 8000 [--tokenizer DIR]
+Streams can be paced like a real engine: `--first-token-delay-ms` before the first token (queue and
+prefill; as uvicorn does, the HTTP headers go out only with it) and `--token-delay-ms` between
+tokens, on a fixed schedule from the request's arrival (so every stream of an answer takes the same
+time). Both default to 0 (unpaced). `--answer-tokens N` makes the double answer every conversation
+with one text of about N tokens (default: its short scripted answer). `GET /v1/models` is the
+double's (with `max_model_len`), so polar's token-faithful mode runs against it too.
+`GET /_bench/stats` tells how many calls missed the cache (one per distinct body) and lists the
+bodies, and the last body received on each path; `GET /_bench/streams` when each paced stream's
+request arrived and when its first token was written (wall clock).
+
+    python scripts/bench_upstream.py --port 8000 [--tokenizer DIR] [--token-delay-ms 10]
+                                     [--first-token-delay-ms 20] [--answer-tokens 200]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,33 +44,66 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 DEFAULT_TOKENIZER = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar")) / "models" / "qwen35-tiny"
 STREAM_KEYS = ("stream", "stream_options")  # do not change the answer, only its framing
+CHAT, GENERATE = "/v1/chat/completions", "/inference/v1/generate"
+
+
+def long_answer(tokenizer: Any, tokens: int) -> str:
+    """A plain text answer of about `tokens` tokens (whole sentences, so it tokenizes the same every time)."""
+    sentences, i = [], 0
+    while len(tokenizer.encode(" ".join(sentences), add_special_tokens=False)) < tokens - 1:  # - 1: the stop id
+        i += 1
+        sentences.append(f"Sentence {i} of the answer keeps the stream going at a steady pace.")
+    return " ".join(sentences)
 
 
 class CachedDouble:
-    """The double's answer to each distinct request body, computed once."""
+    """The double's answer to each distinct request body (per path), computed once."""
 
-    def __init__(self, tokenizer_dir: str | Path):
+    def __init__(self, tokenizer_dir: str | Path, answer_tokens: int | None = None):
+        from polar.doubles.script import Script
         from polar.doubles.scripted_vllm import ScriptedVLLM
 
         self.double = ScriptedVLLM(tokenizer_dir)
+        if answer_tokens:
+            text = long_answer(self.double.tokenizer, answer_tokens)
+            self.double.script = Script([{"match": None, "steps": [{"content": text}]}])
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.double.app), base_url="http://double")
         self.answers: dict[str, tuple[int, bytes]] = {}
+        self.last: dict[str, Any] = {}  # path → the last body received there, as received
+        self.streams: list[tuple[str, float, float]] = []  # (path, arrival, first token written): wall clock
+        self.streamed: dict[tuple[str, bool], tuple[list[bytes], list[bytes], list[bytes]]] = {}
         self.calls = 0
         self.misses = 0
 
-    async def answer(self, body: dict[str, Any]) -> tuple[int, bytes]:
+    async def answer(self, path: str, body: dict[str, Any]) -> tuple[int, bytes, str]:
+        """(status, body, cache key) of the double's whole answer."""
         self.calls += 1
+        self.last[path] = body
         plain = {k: v for k, v in body.items() if k not in STREAM_KEYS}
-        key = json.dumps(plain, sort_keys=True)
+        key = f"{path} {json.dumps(plain, sort_keys=True)}"
         if key not in self.answers:
             self.misses += 1
-            resp = await self.client.post("/v1/chat/completions", json=plain)
+            resp = await self.client.post(path, json=plain)
             self.answers[key] = (resp.status_code, resp.content)
-        return self.answers[key]
+        return (*self.answers[key], key)
+
+    def stream_parts(self, key: str, usage: bool, build: Any) -> tuple[list[bytes], list[bytes], list[bytes]]:
+        """An answer's stream events, built once per answer (and usage choice): a repeat costs nothing."""
+        if (key, usage) not in self.streamed:
+            self.streamed[(key, usage)] = build(json.loads(self.answers[key][1]), usage)
+        return self.streamed[(key, usage)]
 
 
-def sse_chunks(answer: dict[str, Any], with_usage: bool) -> list[bytes]:
-    """A non-streamed chat completion as the `data:` events a streaming vLLM would send."""
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_chunks(answer: dict[str, Any], with_usage: bool) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    """A non-streamed chat completion as the `data:` events a streaming vLLM would send: (the role
+    chunk, one chunk per token, the closing chunks)."""
     choice = answer["choices"][0]
     message = choice["message"]
     ids = choice.get("token_ids") or []
@@ -66,41 +114,101 @@ def sse_chunks(answer: dict[str, Any], with_usage: bool) -> list[bytes]:
     head = {"id": answer["id"], "object": "chat.completion.chunk", "created": answer["created"],
             "model": answer["model"]}
 
-    def event(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None, **extra: Any) -> bytes:
+    def event(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None, top: Any = None,
+              **extra: Any) -> bytes:
         chunk = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
-                                      **extra}]}
-        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                                      **extra}], **(top or {})}
+        return _sse(chunk)
 
-    out = [event({"role": "assistant", "content": ""})]
+    prompt = answer.get("prompt_token_ids")  # vLLM sends them with the role, when asked for token ids
+    role = [event({"role": "assistant", "content": ""}, top={"prompt_token_ids": prompt} if prompt else None)]
+    tokens = []
     for i in range(n):
         extra = {"token_ids": [ids[i]]} if i < len(ids) else {}
         logprobs = {"content": [lp[i]]} if i < len(lp) else None
-        out.append(event({"content": text[cuts[i]:cuts[i + 1]]}, logprobs=logprobs, **extra))
+        tokens.append(event({"content": text[cuts[i]:cuts[i + 1]]}, logprobs=logprobs, **extra))
+    tail = []
     if message.get("tool_calls"):
-        out.append(event({"tool_calls": [{**c, "index": k} for k, c in enumerate(message["tool_calls"])]}))
-    out.append(event({}, choice["finish_reason"]))
+        tail.append(event({"tool_calls": [{**c, "index": k} for k, c in enumerate(message["tool_calls"])]}))
+    tail.append(event({}, choice["finish_reason"]))
     if with_usage:
-        out.append(b"data: " + json.dumps({**head, "choices": [], "usage": answer["usage"]}).encode() + b"\n\n")
-    out.append(b"data: [DONE]\n\n")
-    return out
+        tail.append(_sse({**head, "choices": [], "usage": answer["usage"]}))
+    return role, tokens, [*tail, DONE]
 
 
-def make_app(cache: CachedDouble) -> web.Application:
-    async def chat(request: web.Request) -> web.StreamResponse:
-        try:
-            body = await request.json()
-        except json.JSONDecodeError:
-            return web.json_response({"error": {"message": "body is not JSON", "code": 400}}, status=400)
-        status, raw = await cache.answer(body)
-        if not body.get("stream") or status != 200:
-            return web.Response(body=raw, status=status, content_type="application/json")
-        usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
-        await resp.prepare(request)
-        for chunk in sse_chunks(json.loads(raw), usage):
+def generate_chunks(answer: dict[str, Any], with_usage: bool) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    """A whole /inference/v1/generate answer as vLLM's token stream (serve_tokens_stream_generator):
+    one chunk per token id with its logprob, the prompt ids on the first, the finish reason and weight
+    versions on the last, then the usage chunk (`choices: []`) when asked for, then `[DONE]`."""
+    choice = answer["choices"][0]
+    ids = choice.get("token_ids") or []
+    lp = (choice.get("logprobs") or {}).get("content")
+    prompt = answer.get("prompt_token_ids")
+    tokens = []
+    for i, token_id in enumerate(ids):
+        last = i == len(ids) - 1
+        out = {"index": 0, "finish_reason": choice.get("finish_reason") if last else None,
+               "stop_reason": choice.get("stop_reason") if last else None, "token_ids": [token_id],
+               "routed_experts": None, "sampling_mask": None,
+               "weight_versions": choice.get("weight_versions") if last else None,
+               "logprobs": {"content": [lp[i]]} if lp is not None else None}
+        first = {"prompt_token_ids": prompt} if i == 0 and prompt is not None else {}
+        tokens.append(_sse({"request_id": answer["request_id"], "usage": None, **first, "output_mode": "tokens",
+                            "choices": [out]}))
+    tail = [_sse({"request_id": answer["request_id"], "usage": answer["usage"], "output_mode": "tokens",
+                  "choices": []})] if with_usage else []
+    return [], tokens, [*tail, DONE]
+
+
+async def send_stream(request: web.Request, parts: tuple[list[bytes], list[bytes], list[bytes]],
+                      first_s: float, token_s: float, log: list | None = None,
+                      arrived: tuple[float, float] | None = None) -> web.StreamResponse:
+    """The events, paced: token k leaves at arrival + first_s + k * token_s (the headers with the first,
+    and the role chunk, as vLLM sends them); the closing chunks follow the last token at once.
+    `arrived`: (loop time, wall clock) the request arrived (default: now); `log` gets (path, arrival,
+    first token written), wall clock."""
+    head, tokens, tail = parts
+    loop = asyncio.get_running_loop()
+    start, arrival = arrived or (loop.time(), time.time())
+    if first_s > 0 and (wait := start + first_s - loop.time()) > 0:
+        await asyncio.sleep(wait)  # queue + prefill: like uvicorn, no headers before the first token
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
+    await resp.prepare(request)
+    if first_s <= 0 and token_s <= 0:  # unpaced: every event as fast as it can be written
+        for piece in (*head, *tokens, *tail):
+            await resp.write(piece)
+    else:
+        writes = [b"".join([*head, *tokens[:1]]), *tokens[1:]]
+        for k, chunk in enumerate(writes):
+            if k and (wait := start + first_s + k * token_s - loop.time()) > 0:
+                await asyncio.sleep(wait)
+            if k == 0 and log is not None:
+                del log[:-100_000]  # bounded
+                log.append((request.path, arrival, time.time()))
             await resp.write(chunk)
-        await resp.write_eof()
-        return resp
+        await resp.write(b"".join(tail))
+    await resp.write_eof()
+    return resp
+
+
+def make_app(cache: CachedDouble, first_token_delay_s: float = 0.0, token_delay_s: float = 0.0) -> web.Application:
+    def endpoint(path: str, chunks):
+        async def handle(request: web.Request) -> web.StreamResponse:
+            arrived = asyncio.get_running_loop().time(), time.time()
+            try:
+                body = await request.json()
+            except json.JSONDecodeError:
+                return web.json_response({"error": {"message": "body is not JSON", "code": 400}}, status=400)
+            if not isinstance(body, dict):
+                return web.json_response({"error": {"message": "body is not an object", "code": 400}}, status=400)
+            status, raw, key = await cache.answer(path, body)
+            if not body.get("stream") or status != 200:
+                return web.Response(body=raw, status=status, content_type="application/json")
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return await send_stream(request, cache.stream_parts(key, usage, chunks), first_token_delay_s,
+                                     token_delay_s, cache.streams, arrived)
+
+        return handle
 
     async def models(request: web.Request) -> web.Response:
         resp = await cache.client.get("/v1/models")
@@ -110,13 +218,19 @@ def make_app(cache: CachedDouble) -> web.Application:
         return web.Response(text="ok")
 
     async def stats(request: web.Request) -> web.Response:
-        return web.json_response({"calls": cache.calls, "misses": cache.misses, "bodies": list(cache.answers)})
+        return web.json_response({"calls": cache.calls, "misses": cache.misses, "bodies": list(cache.answers),
+                                  "last": cache.last})
+
+    async def streams(request: web.Request) -> web.Response:
+        return web.json_response(cache.streams)
 
     app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post(CHAT, endpoint(CHAT, sse_chunks))
+    app.router.add_post(GENERATE, endpoint(GENERATE, generate_chunks))
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/_bench/stats", stats)
+    app.router.add_get("/_bench/streams", streams)
     return app
 
 
@@ -125,11 +239,17 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer dir for the scripted double")
+    ap.add_argument("--token-delay-ms", type=float, default=0.0, help="a stream's pace: ms between token chunks")
+    ap.add_argument("--first-token-delay-ms", type=float, default=0.0,
+                    help="ms before a stream's first token (queue + prefill; its headers wait as well)")
+    ap.add_argument("--answer-tokens", type=int, default=None,
+                    help="answer every conversation with a text of about this many tokens")
     args = ap.parse_args()
     if not (Path(args.tokenizer) / "tokenizer.json").exists():
         ap.error(f"no tokenizer at {args.tokenizer} (build one: scripts/build_tiny_model.py --tokenizer-only)")
-    web.run_app(make_app(CachedDouble(args.tokenizer)), host=args.host, port=args.port, print=None,
-                access_log=None)
+    app = make_app(CachedDouble(args.tokenizer, args.answer_tokens), args.first_token_delay_ms / 1000,
+                   args.token_delay_ms / 1000)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
 
 
 if __name__ == "__main__":

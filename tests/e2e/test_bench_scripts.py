@@ -1,4 +1,4 @@
-"""The proxy and store benchmark scripts at a tiny scale: real processes, real store, the tables they print.
+"""The proxy, streaming and store benchmark scripts at a tiny scale: real processes, real store, the tables they print.
 
 No timing is asserted (that is what the scripts are for); these check that every target is wired to
 the same upstream, answers without errors, and lands in the table as a row.
@@ -71,6 +71,32 @@ def test_bench_peers_tiny(tokenizer_dir, capsys, monkeypatch):
     assert "vs direct upstream (1 process each" in out
     assert "target: polar adds < 5 ms p50 at 1 client (non-streamed)" in out
     assert "(1 distinct request body)" in out  # LiteLLM too sends polar's exact upstream request
+
+
+def test_bench_stream_tiny(tokenizer_dir, capsys, monkeypatch):
+    bench = _load(monkeypatch, "bench_stream")
+    litellm = _with_litellm()
+    args = ["--requests", "3", "--concurrency", "1", "--rounds", "2", "--answer-tokens", "12", "--token-delay-ms", "2",
+            "--first-token-delay-ms", "5", "--tokenizer", str(tokenizer_dir)]
+    rows = bench.main(args + ([] if litellm else ["--no-litellm"]))
+    out = capsys.readouterr().out
+
+    names = ["direct chat", "direct generate", "polar chat", "polar token-faithful", *(["litellm"] if litellm else [])]
+    assert [(r.cell.clients, r.cell.target.name) for r in rows] == [(1, name) for name in names]
+    for r in rows:
+        direct = r.cell.target.name.startswith("direct")
+        assert r.cell.errors == [] and len(r.cell.calls) == 4, (r.cell.target.name, r.cell.errors)  # 4 per client
+        assert (r.cell.proxy_cpu is None) == direct
+        assert (r.ttft_added is None) == direct and (r.chunk_added is None) == direct
+        assert all(c.marks and c.ttft <= c.total for c in r.cell.calls)
+    # every target streamed the same answer: the same number of sampled tokens in every call
+    assert len({t for r in rows for t in r.tokens}) == 1 and "every call of every target sampled the same" in out
+    assert "Streaming: polar" in out
+    for column in bench.COLUMNS + bench.SPLIT_COLUMNS:
+        assert column in out, column
+    assert "Where the time to first token goes at 1 client" in out
+    assert "target: polar adds ≤ 5 ms p50 TTFT at one client: " in out
+    assert "command: python scripts/bench_stream.py --requests 3" in out and "load average" in out
 
 
 def test_bench_store_tiny(tokenizer_dir, capsys, monkeypatch):
