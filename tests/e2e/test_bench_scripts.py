@@ -8,26 +8,15 @@ out, unset uses it when that venv is already in the cache.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 
 import pytest
 
-from tests.conftest import CACHE, REPO
+from tests.conftest import CACHE
+from tests.support.scripts import load_script
 
 pytestmark = pytest.mark.slow
 LITELLM = CACHE / "litellm-venv" / "bin" / "litellm"
-
-
-def _load(monkeypatch, name: str):
-    """scripts/ is not a package: load a script as a module (registered, as dataclasses need)."""
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _with_litellm() -> bool:
@@ -46,7 +35,7 @@ def _check_cells(cells, targets: list[str]) -> None:
 
 
 def test_bench_proxy_tiny(tokenizer_dir, capsys, monkeypatch):
-    bench = _load(monkeypatch, "bench_proxy")
+    bench = load_script(monkeypatch, "bench_proxy")
     cells = bench.main(["--requests", "5", "--concurrency", "1", "--tokenizer", str(tokenizer_dir)])
     out = capsys.readouterr().out
 
@@ -61,7 +50,7 @@ def test_bench_proxy_tiny(tokenizer_dir, capsys, monkeypatch):
 
 
 def test_bench_peers_tiny(tokenizer_dir, capsys, monkeypatch):
-    bench = _load(monkeypatch, "bench_peers")
+    bench = load_script(monkeypatch, "bench_peers")
     litellm = _with_litellm()
     args = ["--requests", "5", "--concurrency", "1", "--tokenizer", str(tokenizer_dir)]
     cells = bench.main(args + ([] if litellm else ["--no-litellm"]))
@@ -74,7 +63,7 @@ def test_bench_peers_tiny(tokenizer_dir, capsys, monkeypatch):
 
 
 def test_bench_stream_tiny(tokenizer_dir, capsys, monkeypatch):
-    bench = _load(monkeypatch, "bench_stream")
+    bench = load_script(monkeypatch, "bench_stream")
     litellm = _with_litellm()
     args = ["--requests", "3", "--concurrency", "1", "--rounds", "2", "--answer-tokens", "12", "--token-delay-ms", "2",
             "--first-token-delay-ms", "5", "--tokenizer", str(tokenizer_dir)]
@@ -100,7 +89,7 @@ def test_bench_stream_tiny(tokenizer_dir, capsys, monkeypatch):
 
 
 def test_bench_store_tiny(tokenizer_dir, capsys, monkeypatch):
-    bench = _load(monkeypatch, "bench_store")
+    bench = load_script(monkeypatch, "bench_store")
     rates, prints = bench.main(["--sessions", "1", "3", "--rows", "5", "--session-size", "1k", "--turns", "3",
                                 "--sizes", "1k", "2k", "--tokenizer", str(tokenizer_dir)])
     out = capsys.readouterr().out

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from tests.support.fuzz import drop, json_values, paths, replace
 from tests.support.hostile import VALID, KeepAlive, error_shape, probe
+from tests.support.scripts import load_script
 
 JSON = json_values(text=20, ints=st.integers(-2**40, 2**40))
 
@@ -101,16 +102,8 @@ def test_hostile_requests_keep_the_connection(stack):
 
 def test_fuzz_script_smoke(stack, monkeypatch, capsys):
     """scripts/fuzz_gateway.py with a fixed seed against the running stack: its table, and no problem."""
-    import importlib.util
-    import sys
-
-    from tests.conftest import REPO
-
     stack.script(rules=[{"match": "", "steps": [{"content": "ok"}]}])
-    spec = importlib.util.spec_from_file_location("fuzz_gateway", REPO / "scripts" / "fuzz_gateway.py")
-    script = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, script)  # dataclasses look their module up
-    spec.loader.exec_module(script)
+    script = load_script(monkeypatch, "fuzz_gateway")
     report = script.main(["--requests", "300", "--seed", "13", "--connections", "2", "--url", stack.url,
                           "--db", str(stack.db)])
     out = capsys.readouterr().out

@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 from click.testing import CliRunner
 
 from polar.cli.rollout import submit
 from tests.rollout.conftest import ApiServer
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_rollout", REPO / "scripts" / "bench_rollout.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.support.scripts import load_script
 
 
-def test_ready_buffer_keeps_running_slots_busy():
-    out = load_bench().bench(sessions=80, slots=4, init_workers=3, ready=4, postrun_workers=2, scale=0.0005)
+def test_ready_buffer_keeps_running_slots_busy(monkeypatch):
+    out = load_script(monkeypatch, "bench_rollout").bench(sessions=80, slots=4, init_workers=3, ready=4, postrun_workers=2, scale=0.0005)
     assert out["ready_buffer"]["occupancy_steady"] >= 0.9, out
     assert out["sequential"]["occupancy_steady"] < 0.8, out
     assert out["throughput_ratio"] > 1.2, out

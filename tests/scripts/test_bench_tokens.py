@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
-from tests.conftest import REPO
-
-
-def _load_script(monkeypatch):
-    """scripts/ is not a package: load the file as a module (registered, as dataclasses need)."""
-    spec = importlib.util.spec_from_file_location("bench_tokens", REPO / "scripts" / "bench_tokens.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+from tests.support.scripts import load_script
 
 
 def test_tiny_run_prints_every_table(tokenizer_dir, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")  # one line per table row, so headers are not wrapped
-    bench = _load_script(monkeypatch)
+    bench = load_script(monkeypatch, "bench_tokens")
     results = bench.main(["--sizes", "1k", "--turns", "3", "--repeat", "1", "--tokenizer", str(tokenizer_dir)])
     out = capsys.readouterr().out
 

@@ -11,30 +11,23 @@ one started that way while iterating (the loop reloads the model's own weights f
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from collections import defaultdict
 
 import pytest
 
 from polar.capture.reader import CaptureReader
 from polar.reporting import write_report
-from tests.conftest import REPO
 from tests.rollout import conftest as rollout
 from tests.support.real_vllm import ensure_tiny_model, require_vllm_venv
+from tests.support.scripts import load_script
 
 node_env = rollout.node_env  # the rollout tests' fixture: a node on the scripted double
 
 
 @pytest.fixture
 def closed_loop(monkeypatch):
-    """scripts/ is not a package: load the file as a module (registered, as dataclasses need)."""
-    spec = importlib.util.spec_from_file_location("closed_loop", REPO / "scripts" / "closed_loop.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(monkeypatch, "closed_loop")
 
 
 def late_results(client, task_ids: set[str], sessions: int) -> dict[str, list]:
