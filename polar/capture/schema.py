@@ -31,7 +31,8 @@ CALLS: dict[str, Any] = {
     "key_hash": str,  # salted hash of the client's API key; the key itself is never stored
     "request_headers": str,
     "request_body": bytes,
-    "body_encoding": str,  # "zlib" when request_body is compressed
+    "body_encoding": str,  # how request_body is stored: NULL (as is), zlib, zstd, zstd-delta (see bodies.py)
+    "body_base": int,  # zstd-delta: the row whose body is the dictionary
     "canonical": str,  # the canonical request (JSON), its messages as references into `messages`
     "rewrites": str,  # JSON list: what polar changed in the request so the template accepts it, and why
     "result": str,  # the canonical result without token arrays (JSON)
@@ -76,8 +77,8 @@ def ensure(conn: sqlite3.Connection) -> None:
             if name not in calls.columns_dict:
                 calls.add_column(name, typ)
     if not db["messages"].exists():
-        # Content-addressed canonical messages: every turn re-sends the whole history, but each
-        # message is stored once, so a session's canonical requests take O(N), not O(T·N).
+        # Content-addressed canonical messages (and large request parts, the tools): every turn re-sends
+        # them all, but each is stored once, so a session's canonical requests take O(N), not O(T·N).
         db["messages"].create({"hash": str, "body": str}, pk="hash")
     if not db["meta"].exists():
         db["meta"].create({"key": str, "value": str}, pk="key")

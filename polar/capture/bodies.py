@@ -1,0 +1,162 @@
+"""Raw request bodies stored linearly: each compressed with zstd against an earlier body of its session.
+
+An agent re-sends its whole history on every call, so a body is mostly an earlier one plus a little.
+zstd given that earlier body as a raw-content dictionary stores only the little (zlib's 32 KB window
+cannot reach back across a 100 KB body). `body_encoding` says how a row's `request_body` is stored:
+
+    NULL          the body itself (small bodies)
+    "zlib"        zlib, whole (rows written before delta encoding; still read)
+    "zstd"        zstd, whole: a keyframe
+    "zstd-delta"  zstd with row `body_base`'s body as the dictionary
+
+Bounded reads: a chain of deltas ends in a keyframe after at most CHAIN bodies, so reading one row
+decompresses at most CHAIN bodies. Crash safety: the writer learns a body as a base only once the
+transaction that wrote it has committed (`BodyBases.commit`), so a row never references a body that
+a failed write or a rolled-back transaction took away, and a base's row is never one whose own
+write could still be undone.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import zlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import zstandard
+
+SMALL = 1024  # bodies up to this many bytes are stored as they are, and never serve as a base
+CHAIN = 32  # bodies per keyframe: reading one row decompresses at most this many
+LEVEL = 3  # zstd level: at 100-200 KB bodies ~0.5 ms a body; higher levels gain ~2 %
+BASES_PER_SESSION = 3  # a session's main thread, its sub-agents and side calls take turns
+MAX_BASE_BYTES = 64 * 1024 * 1024  # the writer's memory for bases, all sessions together
+
+
+@dataclass(frozen=True)
+class Base:
+    row: int
+    body: bytes
+    depth: int  # deltas between this body and its keyframe
+
+
+@dataclass(frozen=True)
+class Encoded:
+    columns: dict[str, Any]  # request_body, body_encoding, body_base
+    depth: int
+
+
+def _dictionary(body: bytes) -> zstandard.ZstdCompressionDict:
+    return zstandard.ZstdCompressionDict(body, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """Length of the common prefix of two byte strings, by bisection over C-level slice comparisons."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class BodyBases:
+    """The writer's side: each session's last committed bodies, the candidates a new body is encoded against.
+
+    Used by the one writer thread only. Bodies written in the open transaction wait in `_pending` and
+    become bases on commit; `mark`/`undo` drop those of a write rolled back to its savepoint."""
+
+    def __init__(self, max_bytes: int = MAX_BASE_BYTES):
+        self.max_bytes = max_bytes
+        self._bases: OrderedDict[str, list[Base]] = OrderedDict()  # least recently used session first
+        self._bytes = 0
+        self._pending: list[tuple[str, Base]] = []
+
+    def encode(self, session: str, body: bytes) -> Encoded:
+        if len(body) <= SMALL:
+            return Encoded({"request_body": body, "body_encoding": None, "body_base": None}, 0)
+        base = self._best(session, body)
+        if base is None:
+            data = zstandard.ZstdCompressor(level=LEVEL).compress(body)
+            return Encoded({"request_body": data, "body_encoding": "zstd", "body_base": None}, 0)
+        data = zstandard.ZstdCompressor(level=LEVEL, dict_data=_dictionary(base.body)).compress(body)
+        return Encoded({"request_body": data, "body_encoding": "zstd-delta", "body_base": base.row}, base.depth + 1)
+
+    def _best(self, session: str, body: bytes) -> Base | None:
+        """The base sharing the longest prefix with `body` (the latest on a tie), if its chain may grow."""
+        usable = [b for b in self._bases.get(session, ()) if b.depth + 1 < CHAIN]
+        return max(reversed(usable), key=lambda b: _common_prefix(b.body, body), default=None)
+
+    def wrote(self, session: str, row: int, body: bytes, encoded: Encoded) -> None:
+        if len(body) > SMALL:
+            self._pending.append((session, Base(row, body, encoded.depth)))
+
+    def mark(self) -> int:
+        return len(self._pending)
+
+    def undo(self, mark: int) -> None:
+        del self._pending[mark:]
+
+    def abort(self) -> None:
+        self._pending.clear()
+
+    def commit(self) -> None:
+        for session, base in self._pending:
+            bases = self._bases.pop(session, [])
+            bases.append(base)
+            self._bytes += len(base.body)
+            while len(bases) > BASES_PER_SESSION:
+                self._bytes -= len(bases.pop(0).body)
+            self._bases[session] = bases
+        self._pending.clear()
+        while self._bytes > self.max_bytes and self._bases:
+            _, dropped = self._bases.popitem(last=False)
+            self._bytes -= sum(len(b.body) for b in dropped)
+
+
+_LINK = ("id", "request_body", "body_encoding", "body_base")
+
+
+def read_body(conn: sqlite3.Connection, row: Mapping[str, Any], memo: dict[int, bytes | None]) -> bytes | None:
+    """A row's request body, byte for byte. `memo` maps row id → body, so reading a session in order
+    decompresses each body once (`_remember` bounds it)."""
+    if row.get("body_encoding") != "zstd-delta":
+        return _whole(row)
+    chain = [row]
+    while chain[-1]["body_base"] not in memo:
+        link = chain[-1]
+        found = conn.execute(f"SELECT {', '.join(_LINK)} FROM calls WHERE id=?", (link["body_base"],)).fetchone()
+        if found is None or link["body_base"] >= link["id"]:
+            raise LookupError(f"capture row {link['body_base']} (the body base of row {row['id']}) is missing")
+        found = dict(zip(_LINK, found))
+        if found["body_encoding"] != "zstd-delta":
+            _remember(memo, found["id"], _whole(found))
+            break
+        chain.append(found)
+    for link in reversed(chain):
+        base = memo[link["body_base"]] or b""
+        _remember(memo, link["id"], zstandard.ZstdDecompressor(dict_data=_dictionary(base)).decompress(link["request_body"]))
+    return memo[row["id"]]
+
+
+def _whole(row: Mapping[str, Any]) -> bytes | None:
+    encoding, data = row.get("body_encoding"), row["request_body"]
+    if encoding is None or data is None:
+        return data
+    if encoding == "zlib":
+        return zlib.decompress(data)
+    if encoding == "zstd":
+        return zstandard.ZstdDecompressor().decompress(data)
+    raise ValueError(f"capture row {row['id']}: unknown body encoding {encoding!r}")
+
+
+MEMO_BODIES = 64  # a reader keeps this many decoded bodies: enough for interleaved sessions, bounded
+
+
+def _remember(memo: dict[int, bytes | None], row: int, body: bytes | None) -> None:
+    memo[row] = body
+    if len(memo) > MEMO_BODIES:
+        del memo[next(iter(memo))]
