@@ -1,0 +1,30 @@
+"""scripts/bench_storage.py end to end on a tiny run through the real gateway: the table, and what it measures."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.mark.slow
+def test_tiny_run_measures_both_encodings(tokenizer_dir, capsys, monkeypatch, tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_storage", REPO / "scripts" / "bench_storage.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)
+    spec.loader.exec_module(bench)
+    monkeypatch.setenv("COLUMNS", "250")
+    # main() also checks that every stored body reads back as the client sent it (it raises otherwise).
+    before, after, tokens = bench.main(["--sessions", "2", "--turns", "3", "--tokenizer", str(tokenizer_dir),
+                                        "--dir", str(tmp_path), "--markdown"])
+    out = capsys.readouterr().out
+    assert "| whole DB" in out and "python scripts/bench_storage.py --sessions 2" in out
+    assert tokens > 2 * 20_000  # two sessions past the ~89 KB first request
+    # The same rows: only bodies and canonical requests (and where the tools live) are stored differently.
+    assert {k: before[k] for k in ("token columns", "result", "response_body")} == \
+        {k: after[k] for k in ("token columns", "result", "response_body")}
+    assert after["request_body"] < before["request_body"] / 2 and after["canonical"] < before["canonical"] / 10
+    assert after["whole DB"] < before["whole DB"]
