@@ -10,9 +10,10 @@ session over Anthropic Messages, streamed: the first request is shaped like a re
 text + tool_use, as streamed) and a ~2 KB tool_result. So what is measured is what polar writes.
 
 "unique tokens" = the sum over sessions of the final context (last call's prompt + completion).
-AFTER is the database polar wrote. BEFORE is the same rows in the earlier encoding — every body
-zlib-compressed whole, the canonical request with its tools inline — computed from AFTER's rows
-(each read back through CaptureReader) into a copy. Both are measured after VACUUM.
+AFTER is the database polar wrote. BEFORE is the same rows in the earlier encoding — every request
+body zlib-compressed whole, the canonical request with its tools inline, response bodies and messages
+uncompressed — computed from AFTER's rows (each read back through CaptureReader) into a copy. Both are
+measured after VACUUM.
 Every body is also checked to read back byte for byte as the client sent it.
 
     python scripts/bench_storage.py [--sessions 16] [--turns 30] [--tokenizer DIR] [--dir DIR] [--markdown]
@@ -42,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_proxy import ANTHROPIC_HEADERS, DEFAULT_TOKENIZER, command_line, start_polar, start_upstream  # noqa: E402
 
+from polar.capture.bodies import unpack  # noqa: E402
 from polar.capture.reader import CaptureReader  # noqa: E402
 
 WORDS = ("the of to and a in is it you that for on with as are this be at or have from by not but what all when "
@@ -197,17 +199,19 @@ def unique_tokens(path: Path) -> int:
 
 
 def old_format(src: Path, dst: Path) -> None:
-    """`src`'s rows as the earlier writer stored them: bodies zlib-compressed whole (inline when small),
-    large canonical parts inline in each row, no separately stored parts."""
+    """`src`'s rows as the earlier writer stored them: request bodies zlib-compressed whole (as they are
+    when small), large canonical parts inline in each row, responses and messages as they are."""
     dst.unlink(missing_ok=True)
     with closing(sqlite3.connect(src)) as conn:
         conn.execute("VACUUM INTO ?", (str(dst),))
-    bodies = {r["id"]: r["request_body"] for r in CaptureReader(src).calls(with_tokens=False)}
+    rows = {r["id"]: r for r in CaptureReader(src).calls(with_tokens=False)}
     with closing(sqlite3.connect(dst)) as conn:
-        values = dict(conn.execute("SELECT hash, body FROM messages"))
+        values = {digest: body if isinstance(body, str) else unpack(body, "zstd", "message").decode()
+                  for digest, body in conn.execute("SELECT hash, body FROM messages")}
+        conn.executemany("UPDATE messages SET body=? WHERE hash=?", [(v, k) for k, v in values.items()])
         parts: set[str] = set()
         for row_id, stored in conn.execute("SELECT id, canonical FROM calls").fetchall():
-            body = bodies[row_id] or b""
+            body = rows[row_id]["request_body"] or b""
             zipped = len(body) > 1024  # the earlier rule: zlib above 1 KB, as it is below
             canonical = None
             if stored:
@@ -216,8 +220,10 @@ def old_format(src: Path, dst: Path) -> None:
                     parts.add(canonical[key])
                     canonical[key] = json.loads(values[canonical[key]])
                 canonical = json.dumps(canonical, ensure_ascii=False)
-            conn.execute("UPDATE calls SET request_body=?, body_encoding=?, body_base=NULL, canonical=? WHERE id=?",
-                         (zlib.compress(body, 1) if zipped else body, "zlib" if zipped else None, canonical, row_id))
+            conn.execute("UPDATE calls SET request_body=?, body_encoding=?, body_base=NULL, canonical=?, "
+                         "response_body=?, response_encoding=NULL WHERE id=?",
+                         (zlib.compress(body, 1) if zipped else body, "zlib" if zipped else None, canonical,
+                          rows[row_id]["response_body"], row_id))
         conn.executemany("DELETE FROM messages WHERE hash=?", [(h,) for h in parts])
         conn.commit()
 

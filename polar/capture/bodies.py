@@ -76,12 +76,10 @@ class BodyBases:
         self._pending: list[tuple[str, Base]] = []
 
     def encode(self, session: str, body: bytes) -> Encoded:
-        if len(body) <= SMALL:
-            return Encoded({"request_body": body, "body_encoding": None, "body_base": None}, 0)
-        base = self._best(session, body)
+        base = self._best(session, body) if len(body) > SMALL else None
         if base is None:
-            data = zstandard.ZstdCompressor(level=LEVEL).compress(body)
-            return Encoded({"request_body": data, "body_encoding": "zstd", "body_base": None}, 0)
+            data, encoding = pack(body)
+            return Encoded({"request_body": data, "body_encoding": encoding, "body_base": None}, 0)
         data = zstandard.ZstdCompressor(level=LEVEL, dict_data=_dictionary(base.body)).compress(body)
         return Encoded({"request_body": data, "body_encoding": "zstd-delta", "body_base": base.row}, base.depth + 1)
 
@@ -143,14 +141,25 @@ def read_body(conn: sqlite3.Connection, row: Mapping[str, Any], memo: dict[int, 
 
 
 def _whole(row: Mapping[str, Any]) -> bytes | None:
-    encoding, data = row.get("body_encoding"), row["request_body"]
+    return unpack(row["request_body"], row.get("body_encoding"), f"capture row {row['id']}")
+
+
+def pack(data: bytes) -> tuple[bytes, str | None]:
+    """Bytes stored on their own: zstd-compressed (encoding "zstd") unless small."""
+    if len(data) <= SMALL:
+        return data, None
+    return zstandard.ZstdCompressor(level=LEVEL).compress(data), "zstd"
+
+
+def unpack(data: bytes | None, encoding: str | None, what: str) -> bytes | None:
+    """What `pack` (or the earlier writer: "zlib") stored, back."""
     if encoding is None or data is None:
         return data
     if encoding == "zlib":
         return zlib.decompress(data)
     if encoding == "zstd":
         return zstandard.ZstdDecompressor().decompress(data)
-    raise ValueError(f"capture row {row['id']}: unknown body encoding {encoding!r}")
+    raise ValueError(f"{what}: unknown encoding {encoding!r}")
 
 
 MEMO_BODIES = 64  # a reader keeps this many decoded bodies: enough for interleaved sessions, bounded

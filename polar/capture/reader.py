@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from polar.capture.bodies import read_body
+from polar.capture.bodies import read_body, unpack
 from polar.capture.tokens import unpack_ids, unpack_logprobs
 from polar.sqlite_files import open_readonly
 
@@ -114,7 +114,8 @@ class RowCache:
             chunk = missing[start : start + 500]
             marks = ",".join("?" * len(chunk))
             for digest, body in conn.execute(f"SELECT hash, body FROM messages WHERE hash IN ({marks})", chunk):
-                self.values[digest] = json.loads(body)
+                # JSON text, or (a BLOB) that text compressed: records.StoredMessage.stored
+                self.values[digest] = json.loads(body if isinstance(body, str) else unpack(body, "zstd", "message"))
 
 
 def decode_row(conn: sqlite3.Connection, row: sqlite3.Row, cache: RowCache) -> dict[str, Any]:
@@ -124,6 +125,7 @@ def decode_row(conn: sqlite3.Connection, row: sqlite3.Row, cache: RowCache) -> d
         if out.get(key):
             out[key] = json.loads(out[key])
     out["request_body"] = read_body(conn, out, cache.bodies)
+    out["response_body"] = unpack(out.get("response_body"), out.get("response_encoding"), f"capture row {out['id']}")
     canonical = out.get("canonical")
     if isinstance(canonical, dict) and "message_refs" in canonical:
         refs = canonical.pop("message_refs")

@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from polar.capture.bodies import pack
 from polar.capture.tokens import as_ids, pack_logprobs
 
 # Bodies above this are stored truncated (the call is still recorded, with its error).
@@ -78,6 +79,11 @@ class StoredMessage:
     digest: str
     body: str  # canonical JSON
 
+    def stored(self) -> str | bytes:
+        """As the `messages` table holds it: the text, or a large one zstd-compressed (a BLOB)."""
+        data, encoding = pack(self.body.encode())
+        return self.body if encoding is None else data
+
 
 # Top-level parts of the canonical request at least this large (as JSON) are stored once in the
 # `messages` table and referenced: the tools (tens of KB for a coding agent) repeat on every call.
@@ -118,6 +124,7 @@ class CallEnd:
             "prompt_mode": self.prompt_mode, "t_upstream": self.t_upstream, "t_first": self.t_first,
             "rewrites": json.dumps(self.rewrites) if self.rewrites else None,
         }  # fmt: skip
+        row["response_body"], row["response_encoding"] = pack(self.response_body)
         values = list(self.new_messages)
         if self.canonical is not None:
             rest, parts = encode_parts({k: v for k, v in self.canonical.items() if k != "messages"})

@@ -37,6 +37,7 @@ CALLS: dict[str, Any] = {
     "rewrites": str,  # JSON list: what polar changed in the request so the template accepts it, and why
     "result": str,  # the canonical result without token arrays (JSON)
     "response_body": bytes,
+    "response_encoding": str,  # NULL (as is) or zstd (bodies.pack): a streamed answer's events compress ~14x
     "prompt_parent": int,  # row whose prompt+completion holds the first prompt_prefix_len ids
     "prompt_prefix_len": int,
     "prompt_suffix": bytes,
@@ -79,6 +80,7 @@ def ensure(conn: sqlite3.Connection) -> None:
     if not db["messages"].exists():
         # Content-addressed canonical messages (and large request parts, the tools): every turn re-sends
         # them all, but each is stored once, so a session's canonical requests take O(N), not O(T·N).
+        # `body` is the JSON text, or (a BLOB) that text zstd-compressed when large: see records.stored_value.
         db["messages"].create({"hash": str, "body": str}, pk="hash")
     if not db["meta"].exists():
         db["meta"].create({"key": str, "value": str}, pk="key")

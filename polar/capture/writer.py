@@ -199,8 +199,9 @@ class CaptureWriter:
             return self._insert_call(op[1], {})
         _, row_id, call, end = op
         fields, values = end.encode()
-        for value in values:
-            self._conn.execute("INSERT OR IGNORE INTO messages (hash, body) VALUES (?, ?)", (value.digest, value.body))
+        for value in values:  # the tools come with every call: compressed only the first time
+            if self._conn.execute("SELECT 1 FROM messages WHERE hash=?", (value.digest,)).fetchone() is None:
+                self._conn.execute("INSERT INTO messages (hash, body) VALUES (?, ?)", (value.digest, value.stored()))
         if row_id is not None:
             cur = self._conn.execute(
                 f"UPDATE calls SET {', '.join(f'{k}=?' for k in fields)} WHERE id=?", [*fields.values(), row_id]
