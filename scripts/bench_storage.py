@@ -11,8 +11,8 @@ text + tool_use, as streamed) and a ~2 KB tool_result. So what is measured is wh
 
 "unique tokens" = the sum over sessions of the final context (last call's prompt + completion).
 AFTER is the database polar wrote. BEFORE is the same rows in the earlier encoding — every request
-body zlib-compressed whole, the canonical request with its tools inline, response bodies and messages
-uncompressed — computed from AFTER's rows (each read back through CaptureReader) into a copy. Both are
+body zlib-compressed whole, the canonical request with its tools inline, response bodies, results and
+messages uncompressed — computed from AFTER's rows (each read back through CaptureReader) into a copy. Both are
 measured after VACUUM.
 Every body is also checked to read back byte for byte as the client sent it.
 
@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_proxy import ANTHROPIC_HEADERS, DEFAULT_TOKENIZER, command_line, start_polar, start_upstream  # noqa: E402
 
-from polar.capture.bodies import unpack  # noqa: E402
+from polar.capture.bodies import unpack_json  # noqa: E402
 from polar.capture.reader import CaptureReader  # noqa: E402
 
 WORDS = ("the of to and a in is it you that for on with as are this be at or have from by not but what all when "
@@ -200,32 +200,37 @@ def unique_tokens(path: Path) -> int:
 
 def old_format(src: Path, dst: Path) -> None:
     """`src`'s rows as the earlier writer stored them: request bodies zlib-compressed whole (as they are
-    when small), large canonical parts inline in each row, responses and messages as they are."""
+    when small), large canonical parts inline in each row, responses, results and messages as they are."""
     dst.unlink(missing_ok=True)
     with closing(sqlite3.connect(src)) as conn:
         conn.execute("VACUUM INTO ?", (str(dst),))
     rows = {r["id"]: r for r in CaptureReader(src).calls(with_tokens=False)}
     with closing(sqlite3.connect(dst)) as conn:
-        values = {digest: body if isinstance(body, str) else unpack(body, "zstd", "message").decode()
-                  for digest, body in conn.execute("SELECT hash, body FROM messages")}
+        values = {digest: text(body) for digest, body in conn.execute("SELECT hash, body FROM messages")}
         conn.executemany("UPDATE messages SET body=? WHERE hash=?", [(v, k) for k, v in values.items()])
         parts: set[str] = set()
-        for row_id, stored in conn.execute("SELECT id, canonical FROM calls").fetchall():
+        for row_id, stored, result in conn.execute("SELECT id, canonical, result FROM calls").fetchall():
             body = rows[row_id]["request_body"] or b""
             zipped = len(body) > 1024  # the earlier rule: zlib above 1 KB, as it is below
             canonical = None
             if stored:
-                canonical = json.loads(stored)
+                canonical = json.loads(text(stored))
                 for key in canonical.pop("part_refs", []):
                     parts.add(canonical[key])
                     canonical[key] = json.loads(values[canonical[key]])
                 canonical = json.dumps(canonical, ensure_ascii=False)
-            conn.execute("UPDATE calls SET request_body=?, body_encoding=?, body_base=NULL, canonical=?, "
+            conn.execute("UPDATE calls SET request_body=?, body_encoding=?, body_base=NULL, canonical=?, result=?, "
                          "response_body=?, response_encoding=NULL WHERE id=?",
                          (zlib.compress(body, 1) if zipped else body, "zlib" if zipped else None, canonical,
-                          rows[row_id]["response_body"], row_id))
+                          result and text(result), rows[row_id]["response_body"], row_id))
         conn.executemany("DELETE FROM messages WHERE hash=?", [(h,) for h in parts])
         conn.commit()
+
+
+def text(value: str | bytes) -> str:
+    """A JSON column's text, however it is stored."""
+    value = unpack_json(value)
+    return value if isinstance(value, str) else value.decode()
 
 
 def check_bodies(path: Path, sent: dict[str, list[str]]) -> None:

@@ -151,6 +151,17 @@ def pack(data: bytes) -> tuple[bytes, str | None]:
     return zstandard.ZstdCompressor(level=LEVEL).compress(data), "zstd"
 
 
+def pack_json(text: str) -> str | bytes:
+    """JSON text as a column holds it: the text, or (a BLOB) the text zstd-compressed when large."""
+    data, encoding = pack(text.encode())
+    return text if encoding is None else data
+
+
+def unpack_json(value: str | bytes) -> str | bytes:
+    """What `pack_json` stored, for json.loads (which takes the UTF-8 bytes as they are)."""
+    return value if isinstance(value, str) else unpack(value, "zstd", "a JSON column")
+
+
 def unpack(data: bytes | None, encoding: str | None, what: str) -> bytes | None:
     """What `pack` (or the earlier writer: "zlib") stored, back."""
     if encoding is None or data is None:

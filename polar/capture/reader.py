@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from polar.capture.bodies import read_body, unpack
+from polar.capture.bodies import read_body, unpack, unpack_json
 from polar.capture.tokens import unpack_ids, unpack_logprobs
 from polar.sqlite_files import open_readonly
 
@@ -114,8 +114,7 @@ class RowCache:
             chunk = missing[start : start + 500]
             marks = ",".join("?" * len(chunk))
             for digest, body in conn.execute(f"SELECT hash, body FROM messages WHERE hash IN ({marks})", chunk):
-                # JSON text, or (a BLOB) that text compressed: records.StoredMessage.stored
-                self.values[digest] = json.loads(body if isinstance(body, str) else unpack(body, "zstd", "message"))
+                self.values[digest] = json.loads(unpack_json(body))
 
 
 def decode_row(conn: sqlite3.Connection, row: sqlite3.Row, cache: RowCache) -> dict[str, Any]:
@@ -123,7 +122,7 @@ def decode_row(conn: sqlite3.Connection, row: sqlite3.Row, cache: RowCache) -> d
     out = dict(row)
     for key in ("request_headers", "canonical", "result", "rewrites"):
         if out.get(key):
-            out[key] = json.loads(out[key])
+            out[key] = json.loads(unpack_json(out[key]))  # large canonical and result are compressed
     out["request_body"] = read_body(conn, out, cache.bodies)
     out["response_body"] = unpack(out.get("response_body"), out.get("response_encoding"), f"capture row {out['id']}")
     canonical = out.get("canonical")

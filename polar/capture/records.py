@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from polar.capture.bodies import pack
+from polar.capture.bodies import pack, pack_json
 from polar.capture.tokens import as_ids, pack_logprobs
 
 # Bodies above this are stored truncated (the call is still recorded, with its error).
@@ -81,8 +81,7 @@ class StoredMessage:
 
     def stored(self) -> str | bytes:
         """As the `messages` table holds it: the text, or a large one zstd-compressed (a BLOB)."""
-        data, encoding = pack(self.body.encode())
-        return self.body if encoding is None else data
+        return pack_json(self.body)
 
 
 # Top-level parts of the canonical request at least this large (as JSON) are stored once in the
@@ -129,7 +128,9 @@ class CallEnd:
         if self.canonical is not None:
             rest, parts = encode_parts({k: v for k, v in self.canonical.items() if k != "messages"})
             values += parts
-            row["canonical"] = json.dumps({**rest, "message_refs": self.message_refs}, ensure_ascii=False)
+            row["canonical"] = pack_json(json.dumps({**rest, "message_refs": self.message_refs}, ensure_ascii=False))
+        if self.result is not None:
+            row["result"] = pack_json(self.result)
         if self.tokens is not None:
             row.update(self.tokens.columns())
         return row, values

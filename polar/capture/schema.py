@@ -33,7 +33,8 @@ CALLS: dict[str, Any] = {
     "request_body": bytes,
     "body_encoding": str,  # how request_body is stored: NULL (as is), zlib, zstd, zstd-delta (see bodies.py)
     "body_base": int,  # zstd-delta: the row whose body is the dictionary
-    "canonical": str,  # the canonical request (JSON), its messages as references into `messages`
+    # JSON columns: the text, or (a BLOB) that text zstd-compressed when over 1 KB (bodies.pack_json)
+    "canonical": str,  # the canonical request (JSON), its messages and large parts as references into `messages`
     "rewrites": str,  # JSON list: what polar changed in the request so the template accepts it, and why
     "result": str,  # the canonical result without token arrays (JSON)
     "response_body": bytes,
@@ -80,7 +81,7 @@ def ensure(conn: sqlite3.Connection) -> None:
     if not db["messages"].exists():
         # Content-addressed canonical messages (and large request parts, the tools): every turn re-sends
         # them all, but each is stored once, so a session's canonical requests take O(N), not O(T·N).
-        # `body` is the JSON text, or (a BLOB) that text zstd-compressed when large: see records.stored_value.
+        # `body` is the JSON text, or (a BLOB) that text zstd-compressed when large (bodies.pack_json).
         db["messages"].create({"hash": str, "body": str}, pk="hash")
     if not db["meta"].exists():
         db["meta"].create({"key": str, "value": str}, pk="key")

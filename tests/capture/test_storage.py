@@ -184,7 +184,7 @@ def _tools() -> list[dict]:
 
 def test_large_canonical_parts_are_stored_once_and_read_back_unchanged(tmp_path):
     """The tools repeat on every call of every session: stored once, every row reads them back as sent,
-    in their own key order, beside small fields kept inline."""
+    in their own key order, beside small fields kept inline; a large result is compressed and reads back."""
     writer = CaptureWriter(tmp_path / "c.db")
     sent, last = {}, {"a": [], "b": []}
     for turn in range(5):
@@ -192,15 +192,17 @@ def test_large_canonical_parts_are_stored_once_and_read_back_unchanged(tmp_path)
             messages = [{"role": "user", "content": f"{session} {t}"} for t in range(turn + 1)]
             canonical = {"model": "m", "messages": messages, "tools": _tools(), "sampling": {"max_tokens": 9},
                          "metadata": {"user_id": session}}
-            end = _end(canonical=canonical)
+            end = _end(canonical=canonical, result=json.dumps({"content": f"{session} {turn} " * 400}))
             end.message_refs, end.new_messages = encode_messages(messages, last[session])
             last[session] = list(zip(messages, end.message_refs))
             call = _start(f"{session}{turn}", session, b"{}")
             asyncio.run(writer.finish(None, call, end))
             sent[call.call_id] = canonical
     writer.close()
-    rows = {r["call_id"]: r["canonical"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)}
+    read = list(CaptureReader(tmp_path / "c.db").calls(with_tokens=False))
+    rows = {r["call_id"]: r["canonical"] for r in read}
     assert rows == sent
+    assert all(r["result"] == {"content": f"{r['call_id'][0]} {r['call_id'][1:]} " * 400} for r in read)
     assert all(list(rows[k]) == [*(key for key in sent[k] if key != "messages"), "messages"] for k in rows)
     assert all(list(t) == ["name", "description", "parameters"] for r in rows.values() for t in r["tools"])
     conn = sqlite3.connect(tmp_path / "c.db")
@@ -208,6 +210,7 @@ def test_large_canonical_parts_are_stored_once_and_read_back_unchanged(tmp_path)
     assert all(c["part_refs"] == ["tools"] for c in stored) and len({c["tools"] for c in stored}) == 1
     (tools,) = conn.execute("SELECT body FROM messages WHERE hash=?", (stored[0]["tools"],)).fetchone()
     assert len(tools) < len(json.dumps(_tools())) / 3  # stored once, compressed
+    assert {t for (t,) in conn.execute("SELECT typeof(result) FROM calls")} == {"blob"}
 
 
 def test_a_database_written_before_linear_bodies_and_parts_still_reads(tmp_path):
