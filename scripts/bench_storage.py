@@ -14,7 +14,8 @@ AFTER is the database polar wrote. BEFORE is the same rows in the earlier encodi
 body zlib-compressed whole, the canonical request with its tools inline, response bodies, results and
 messages uncompressed — computed from AFTER's rows (each read back through CaptureReader) into a copy. Both are
 measured after VACUUM.
-Every body is also checked to read back byte for byte as the client sent it.
+Every body is also checked to read back byte for byte as the client sent it, and reading is timed:
+every row in order, and each row alone (the longest delta chain bounds the latter).
 
     python scripts/bench_storage.py [--sessions 16] [--turns 30] [--tokenizer DIR] [--dir DIR] [--markdown]
 """
@@ -29,6 +30,7 @@ import random
 import sqlite3
 import sys
 import tempfile
+import time
 import zlib
 from contextlib import closing
 from pathlib import Path
@@ -241,6 +243,20 @@ def check_bodies(path: Path, sent: dict[str, list[str]]) -> None:
         raise RuntimeError("a stored request body does not read back as the client sent it")
 
 
+def read_times(path: Path) -> str:
+    """Seconds to read every row (bodies rebuilt, canonical resolved), and the slowest row read alone."""
+    reader = CaptureReader(path)
+    t0 = time.perf_counter()
+    rows = [(r["call_id"], r["session_id"]) for r in reader.calls(with_tokens=False)]
+    scan = time.perf_counter() - t0
+    worst = 0.0
+    for call_id, session in rows:
+        t0 = time.perf_counter()
+        reader.find_call(call_id, session)
+        worst = max(worst, time.perf_counter() - t0)
+    return f"every row {scan:.2f} s, one row alone at most {worst * 1000:.1f} ms"
+
+
 def report(before: dict[str, int], after: dict[str, int], tokens: int, markdown: bool, command: str) -> None:
     table = Table(title=f"Capture storage, {tokens:,} unique tokens", box=box.MARKDOWN if markdown else box.SIMPLE)
     for col in ("", "before: bytes", "B/token", "after: bytes", "B/token"):
@@ -279,7 +295,9 @@ def main(argv: list[str] | None = None) -> tuple[dict[str, int], dict[str, int],
         check_bodies(db, sent)
         old_format(db, work / "captures-before.db")
         before, after, tokens = measure(work / "captures-before.db"), measure(db), unique_tokens(db)
+        reads = f"reading, before: {read_times(work / 'captures-before.db')}; after: {read_times(db)}"
     report(before, after, tokens, args.markdown, command_line("bench_storage.py", sys.argv[1:] if argv is None else argv))
+    print(reads)
     return before, after, tokens
 
 

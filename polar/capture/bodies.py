@@ -25,7 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import zstandard
+
+from polar.capture.tokens import common_prefix_len
 
 SMALL = 1024  # bodies up to this many bytes are stored as they are, and never serve as a base
 CHAIN = 32  # bodies per keyframe: reading one row decompresses at most this many
@@ -51,18 +54,6 @@ def _dictionary(body: bytes) -> zstandard.ZstdCompressionDict:
     return zstandard.ZstdCompressionDict(body, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
 
 
-def _common_prefix(a: bytes, b: bytes) -> int:
-    """Length of the common prefix of two byte strings, by bisection over C-level slice comparisons."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 class BodyBases:
     """The writer's side: each session's last committed bodies, the candidates a new body is encoded against.
 
@@ -86,7 +77,8 @@ class BodyBases:
     def _best(self, session: str, body: bytes) -> Base | None:
         """The base sharing the longest prefix with `body` (the latest on a tie), if its chain may grow."""
         usable = [b for b in self._bases.get(session, ()) if b.depth + 1 < CHAIN]
-        return max(reversed(usable), key=lambda b: _common_prefix(b.body, body), default=None)
+        new = np.frombuffer(body, np.uint8)
+        return max(reversed(usable), key=lambda b: common_prefix_len(np.frombuffer(b.body, np.uint8), new), default=None)
 
     def wrote(self, session: str, row: int, body: bytes, encoded: Encoded) -> None:
         if len(body) > SMALL:
