@@ -170,7 +170,7 @@ async def drive(url: str, sessions: int, turns: int) -> dict[str, list[str]]:
 # -- measuring -------------------------------------------------------------------------------------
 
 COLUMNS = {  # what the table breaks the database into: calls columns (summed lengths) and tables
-    "request_body": "sum(length(request_body))",
+    "request bodies": "coalesce(sum(length(request_body)), 0) + (SELECT coalesce(sum(length(data)), 0) FROM bodies)",
     "canonical": "sum(length(canonical))",
     "response_body": "sum(length(response_body))",
     "result": "sum(length(result))",
@@ -221,11 +221,12 @@ def old_format(src: Path, dst: Path) -> None:
                     parts.add(canonical[key])
                     canonical[key] = json.loads(values[canonical[key]])
                 canonical = json.dumps(canonical, ensure_ascii=False)
-            conn.execute("UPDATE calls SET request_body=?, body_encoding=?, body_base=NULL, canonical=?, result=?, "
+            conn.execute("UPDATE calls SET request_body=?, body_encoding=?, body_id=NULL, canonical=?, result=?, "
                          "response_body=?, response_encoding=NULL WHERE id=?",
                          (zlib.compress(body, 1) if zipped else body, "zlib" if zipped else None, canonical,
                           result and text(result), rows[row_id]["response_body"], row_id))
         conn.executemany("DELETE FROM messages WHERE hash=?", [(h,) for h in parts])
+        conn.execute("DELETE FROM bodies")
         conn.commit()
 
 

@@ -2,18 +2,18 @@
 
 An agent re-sends its whole history on every call, so a body is mostly an earlier one plus a little.
 zstd given that earlier body as a raw-content dictionary stores only the little (zlib's 32 KB window
-cannot reach back across a 100 KB body). `body_encoding` says how a row's `request_body` is stored:
+cannot reach back across a 100 KB body). `body_encoding` says where and how a call's body is:
 
-    NULL          the body itself (small bodies)
-    "zlib"        zlib, whole (rows written before delta encoding; still read)
-    "zstd"        zstd, whole: a keyframe
-    "zstd-delta"  zstd with row `body_base`'s body as the dictionary
+    NULL          in `request_body`, as it is (small bodies)
+    "zlib"        in `request_body`, zlib, whole (rows written before delta encoding; still read)
+    "zstd"        in the `bodies` table (row `body_id`), zstd, whole: a keyframe
+    "zstd-delta"  in the `bodies` table, zstd with its `base` body as the dictionary
 
-Bounded reads: a chain of deltas ends in a keyframe after at most CHAIN bodies, so reading one row
-decompresses at most CHAIN bodies. Crash safety: the writer learns a body as a base only once the
-transaction that wrote it has committed (`BodyBases.commit`), so a row never references a body that
-a failed write or a rolled-back transaction took away, and a base's row is never one whose own
-write could still be undone.
+Large bodies live in their own table, which nothing deletes from, so deleting a call's row never
+makes another call's body unreadable. Bounded reads: a chain of deltas ends in a keyframe after at
+most CHAIN bodies. Crash safety: the writer takes a body as a base only once the transaction that
+wrote it has committed (`BodyBases.commit`), so no body references one that a failed write or a
+rolled-back transaction took away.
 """
 
 from __future__ import annotations
@@ -39,15 +39,16 @@ MAX_BASE_BYTES = 64 * 1024 * 1024  # the writer's memory for bases, all sessions
 
 @dataclass(frozen=True)
 class Base:
-    row: int
+    id: int  # in the bodies table
     body: bytes
     depth: int  # deltas between this body and its keyframe
 
 
 @dataclass(frozen=True)
 class Encoded:
-    columns: dict[str, Any]  # request_body, body_encoding, body_base
-    depth: int
+    data: bytes
+    encoding: str | None  # body_encoding
+    base: Base | None  # zstd-delta: the body it is compressed against
 
 
 def _dictionary(body: bytes) -> zstandard.ZstdCompressionDict:
@@ -69,10 +70,9 @@ class BodyBases:
     def encode(self, session: str, body: bytes) -> Encoded:
         base = self._best(session, body) if len(body) > SMALL else None
         if base is None:
-            data, encoding = pack(body)
-            return Encoded({"request_body": data, "body_encoding": encoding, "body_base": None}, 0)
-        data = zstandard.ZstdCompressor(level=LEVEL, dict_data=_dictionary(base.body)).compress(body)
-        return Encoded({"request_body": data, "body_encoding": "zstd-delta", "body_base": base.row}, base.depth + 1)
+            return Encoded(*pack(body), None)
+        return Encoded(zstandard.ZstdCompressor(level=LEVEL, dict_data=_dictionary(base.body)).compress(body),
+                       "zstd-delta", base)
 
     def _best(self, session: str, body: bytes) -> Base | None:
         """The base sharing the longest prefix with `body` (the latest on a tie), if its chain may grow."""
@@ -80,9 +80,9 @@ class BodyBases:
         new = np.frombuffer(body, np.uint8)
         return max(reversed(usable), key=lambda b: common_prefix_len(np.frombuffer(b.body, np.uint8), new), default=None)
 
-    def wrote(self, session: str, row: int, body: bytes, encoded: Encoded) -> None:
-        if len(body) > SMALL:
-            self._pending.append((session, Base(row, body, encoded.depth)))
+    def wrote(self, session: str, body_id: int, body: bytes, encoded: Encoded) -> None:
+        depth = encoded.base.depth + 1 if encoded.base else 0
+        self._pending.append((session, Base(body_id, body, depth)))
 
     def mark(self) -> int:
         return len(self._pending)
@@ -107,33 +107,32 @@ class BodyBases:
             self._bytes -= sum(len(b.body) for b in dropped)
 
 
-_LINK = ("id", "request_body", "body_encoding", "body_base")
+def write_body(conn: sqlite3.Connection, encoded: Encoded) -> dict[str, Any]:
+    """The call's body columns; a large body goes to the `bodies` table first."""
+    if encoded.encoding is None:
+        return {"request_body": encoded.data, "body_encoding": encoded.encoding, "body_id": None}
+    base = encoded.base.id if encoded.base else None
+    body_id = conn.execute("INSERT INTO bodies (base, data) VALUES (?, ?)", (base, encoded.data)).lastrowid
+    return {"request_body": None, "body_encoding": encoded.encoding, "body_id": body_id}
 
 
-def read_body(conn: sqlite3.Connection, row: Mapping[str, Any], memo: dict[int, bytes | None]) -> bytes | None:
-    """A row's request body, byte for byte. `memo` maps row id → body, so reading a session in order
-    decompresses each body once (`_remember` bounds it)."""
-    if row.get("body_encoding") != "zstd-delta":
-        return _whole(row)
-    chain = [row]
-    while chain[-1]["body_base"] not in memo:
-        link = chain[-1]
-        found = conn.execute(f"SELECT {', '.join(_LINK)} FROM calls WHERE id=?", (link["body_base"],)).fetchone()
-        if found is None or link["body_base"] >= link["id"]:
-            raise LookupError(f"capture row {link['body_base']} (the body base of row {row['id']}) is missing")
-        found = dict(zip(_LINK, found))
-        if found["body_encoding"] != "zstd-delta":
-            _remember(memo, found["id"], _whole(found))
-            break
-        chain.append(found)
-    for link in reversed(chain):
-        base = memo[link["body_base"]] or b""
-        _remember(memo, link["id"], zstandard.ZstdDecompressor(dict_data=_dictionary(base)).decompress(link["request_body"]))
-    return memo[row["id"]]
-
-
-def _whole(row: Mapping[str, Any]) -> bytes | None:
-    return unpack(row["request_body"], row.get("body_encoding"), f"capture row {row['id']}")
+def read_body(conn: sqlite3.Connection, row: Mapping[str, Any], memo: dict[int, bytes]) -> bytes | None:
+    """A call's request body, byte for byte. `memo` maps a `bodies` id → body, so reading a session in
+    order decompresses each body once (`_remember` bounds it)."""
+    if row.get("body_id") is None:
+        return unpack(row["request_body"], row.get("body_encoding"), f"capture row {row['id']}")
+    chain: list[tuple[int, int | None, bytes]] = []
+    cur: int | None = row["body_id"]
+    while cur is not None and cur not in memo:
+        found = conn.execute("SELECT base, data FROM bodies WHERE id=?", (cur,)).fetchone()
+        if found is None or (found[0] is not None and found[0] >= cur):
+            raise LookupError(f"body {cur} (of capture row {row['id']}) is missing")
+        chain.append((cur, *found))
+        cur = found[0]
+    for body_id, base, data in reversed(chain):  # from the keyframe (or a memoised body) on
+        codec = zstandard.ZstdDecompressor(dict_data=_dictionary(memo[base])) if base else zstandard.ZstdDecompressor()
+        _remember(memo, body_id, codec.decompress(data))
+    return memo[row["body_id"]]
 
 
 def pack(data: bytes) -> tuple[bytes, str | None]:
@@ -168,7 +167,7 @@ def unpack(data: bytes | None, encoding: str | None, what: str) -> bytes | None:
 MEMO_BODIES = 64  # a reader keeps this many decoded bodies: enough for interleaved sessions, bounded
 
 
-def _remember(memo: dict[int, bytes | None], row: int, body: bytes | None) -> None:
-    memo[row] = body
+def _remember(memo: dict[int, bytes], body_id: int, body: bytes) -> None:
+    memo[body_id] = body
     if len(memo) > MEMO_BODIES:
         del memo[next(iter(memo))]

@@ -31,8 +31,8 @@ CALLS: dict[str, Any] = {
     "key_hash": str,  # salted hash of the client's API key; the key itself is never stored
     "request_headers": str,
     "request_body": bytes,
-    "body_encoding": str,  # how request_body is stored: NULL (as is), zlib, zstd, zstd-delta (see bodies.py)
-    "body_base": int,  # zstd-delta: the row whose body is the dictionary
+    "body_encoding": str,  # where and how the request body is: NULL (as is), zlib, zstd, zstd-delta (bodies.py)
+    "body_id": int,  # zstd, zstd-delta: the body's row in `bodies`
     # JSON columns: the text, or (a BLOB) that text zstd-compressed when over 1 KB (bodies.pack_json)
     "canonical": str,  # the canonical request (JSON), its messages and large parts as references into `messages`
     "rewrites": str,  # JSON list: what polar changed in the request so the template accepts it, and why
@@ -83,6 +83,10 @@ def ensure(conn: sqlite3.Connection) -> None:
         # them all, but each is stored once, so a session's canonical requests take O(N), not O(T·N).
         # `body` is the JSON text, or (a BLOB) that text zstd-compressed when large (bodies.pack_json).
         db["messages"].create({"hash": str, "body": str}, pk="hash")
+    if not db["bodies"].exists():
+        # Large request bodies, each zstd-compressed against its `base` body (NULL: a keyframe). Append-only,
+        # apart from calls, so deleting a call's row leaves every other body readable.
+        db["bodies"].create({"id": int, "base": int, "data": bytes}, pk="id")
     if not db["meta"].exists():
         db["meta"].create({"key": str, "value": str}, pk="key")
     for key in ("key_salt", "seal_key"):  # secrets of this database, random per database

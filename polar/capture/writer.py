@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.capture import schema
-from polar.capture.bodies import BodyBases
+from polar.capture.bodies import BodyBases, write_body
 from polar.capture.records import CallEnd, CallStart
 
 log = logging.getLogger("polar.capture")
@@ -213,9 +213,10 @@ class CaptureWriter:
     def _insert_call(self, call: CallStart, fields: dict[str, Any]) -> int:
         body = call.stored_body()
         encoded = self._bodies.encode(call.session_id, body)
-        row_id = self._insert({**call.row(), **encoded.columns, **fields, "writer": self.token})
-        self._bodies.wrote(call.session_id, row_id, body, encoded)
-        return row_id
+        columns = write_body(self._conn, encoded)
+        if columns["body_id"] is not None:
+            self._bodies.wrote(call.session_id, columns["body_id"], body, encoded)
+        return self._insert({**call.row(), **columns, **fields, "writer": self.token})
 
     def _insert(self, row: dict[str, Any]) -> int:
         unknown = set(row) - set(schema.CALLS)

@@ -90,10 +90,10 @@ def test_bodies_round_trip_byte_for_byte(tmp_path_factory, monkeypatch, edits, c
     rows = {r["call_id"]: r for r in reader.calls(with_tokens=False)}
     assert {k: r["request_body"] for k, r in rows.items()} == sent
     assert {k: r["response_body"] for k, r in rows.items()} == {k: body[::-1] for k, body in sent.items()}
+    for call_id, body in sent.items():  # one row alone, nothing memoised
+        assert reader.find_call(call_id, session_of[call_id])["request_body"] == body
     with reader.connect() as conn:
-        links = dict(conn.execute("SELECT id, body_base FROM calls").fetchall())
-        for call_id, body in sent.items():  # one row alone, nothing memoised
-            assert reader.find_call(call_id, session_of[call_id])["request_body"] == body
+        links = dict(conn.execute("SELECT id, base FROM bodies").fetchall())
     for row_id in links:
         depth, cur = 0, row_id
         while links[cur] is not None:
@@ -111,7 +111,8 @@ def test_bodies_are_stored_as_deltas_of_their_session(tmp_path):
     _write(writer, calls)
     writer.close()
     conn = sqlite3.connect(tmp_path / "c.db")
-    rows = conn.execute("SELECT body_encoding, length(request_body) FROM calls ORDER BY id").fetchall()
+    rows = conn.execute("SELECT body_encoding, length(data) FROM calls JOIN bodies ON body_id = bodies.id "
+                        "ORDER BY calls.id").fetchall()
     assert rows[0][0] == "zstd" and {e for e, _ in rows[1:]} == {"zstd-delta"}
     assert max(n for _, n in rows[1:]) < 1000 < len(body) // 100
     assert [r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)] == \
@@ -172,8 +173,25 @@ def test_a_body_whose_transaction_failed_is_no_base(tmp_path):
 
 def _assert_based_on(path, row: int, base: int, bodies_sent: dict[str, bytes]) -> None:
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT body_base FROM calls WHERE id=?", (row,)).fetchone()[0] == base
+    body_of = "SELECT body_id FROM calls WHERE id=?"
+    assert conn.execute(f"SELECT base FROM bodies WHERE id = ({body_of})", (row,)).fetchone()[0] == \
+        conn.execute(body_of, (base,)).fetchone()[0]
     assert {r["call_id"]: r["request_body"] for r in CaptureReader(path).calls(with_tokens=False)} == bodies_sent
+
+
+def test_deleting_a_call_leaves_every_other_body_readable(tmp_path):
+    """Bodies are kept apart from the calls that sent them: a base's call row may go, its body stays."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    body, calls = b"x" * 5000, []
+    for turn in range(6):
+        body += b"turn %d " % turn * 50
+        calls.append(_start(f"c{turn}", "s", body))
+    _write(writer, calls)
+    writer.close()
+    with sqlite3.connect(tmp_path / "c.db") as conn:
+        conn.execute("DELETE FROM calls WHERE call_id IN ('c0', 'c3')")  # the keyframe's row and a middle one
+    rows = {r["call_id"]: r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)}
+    assert rows == {c.call_id: c.request_body for c in calls if c.call_id not in ("c0", "c3")}
 
 
 def _tools() -> list[dict]:
@@ -215,7 +233,7 @@ def test_large_canonical_parts_are_stored_once_and_read_back_unchanged(tmp_path)
 
 def test_a_database_written_before_linear_bodies_and_parts_still_reads(tmp_path):
     """Rows as the earlier writer stored them: zlib bodies, small raw bodies, the tools inline in
-    `canonical`, no body_base column at all. Read-only readers see them as they always did."""
+    `canonical`, no body_id column nor bodies table at all. Read-only readers see them as they always did."""
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE calls (id INTEGER PRIMARY KEY, call_id TEXT, session_id TEXT, status TEXT, "

@@ -25,6 +25,6 @@ def test_tiny_run_measures_both_encodings(tokenizer_dir, capsys, monkeypatch, tm
     assert tokens > 2 * 20_000  # two sessions past the ~89 KB first request
     # The same rows: only bodies, canonical requests and messages are stored differently.
     assert before["token columns"] == after["token columns"] and after["result"] < before["result"]
-    assert after["request_body"] < before["request_body"] / 2 and after["canonical"] < before["canonical"] / 10
+    assert after["request bodies"] < before["request bodies"] / 2 and after["canonical"] < before["canonical"] / 10
     assert after["response_body"] < before["response_body"] / 5
     assert after["whole DB"] < before["whole DB"]
