@@ -35,6 +35,7 @@ CHAIN = 32  # bodies per keyframe: reading one row decompresses at most this man
 LEVEL = 3  # zstd level: at 100-200 KB bodies ~0.5 ms a body; higher levels gain ~2 %
 BASES_PER_SESSION = 3  # a session's main thread, its sub-agents and side calls take turns
 MAX_BASE_BYTES = 64 * 1024 * 1024  # the writer's memory for bases, all sessions together
+WIDE = 1024 * 1024  # base + body above this: zstd parameters sized to them (slower: ~45 ms at 1.5 MB)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,18 @@ def _dictionary(body: bytes) -> zstandard.ZstdCompressionDict:
     return zstandard.ZstdCompressionDict(body, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
 
 
+def _compressor(base: bytes, body: bytes) -> zstandard.ZstdCompressor:
+    """zstd at LEVEL against `base`. Past WIDE bytes, level 3's window and hash tables no longer reach the
+    start of the base (a 1.5 MB body's delta is then ~ its whole size): size them to base + body."""
+    size = len(base) + len(body)
+    if size <= WIDE:
+        return zstandard.ZstdCompressor(level=LEVEL, dict_data=_dictionary(base))
+    log = min(27, (size - 1).bit_length())  # 27: the largest window a decoder accepts by default
+    params = zstandard.ZstdCompressionParameters.from_level(LEVEL, window_log=log, hash_log=min(log, 26),
+                                                            chain_log=min(log, 26))
+    return zstandard.ZstdCompressor(compression_params=params, dict_data=_dictionary(base))
+
+
 class BodyBases:
     """The writer's side: each session's last committed bodies, the candidates a new body is encoded against.
 
@@ -71,8 +84,7 @@ class BodyBases:
         base = self._best(session, body) if len(body) > SMALL else None
         if base is None:
             return Encoded(*pack(body), None)
-        return Encoded(zstandard.ZstdCompressor(level=LEVEL, dict_data=_dictionary(base.body)).compress(body),
-                       "zstd-delta", base)
+        return Encoded(_compressor(base.body, body).compress(body), "zstd-delta", base)
 
     def _best(self, session: str, body: bytes) -> Base | None:
         """The base sharing the longest prefix with `body` (the latest on a tie), if its chain may grow."""

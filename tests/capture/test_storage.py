@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sqlite3
 import time
 import zlib
@@ -115,6 +116,20 @@ def test_bodies_are_stored_as_deltas_of_their_session(tmp_path):
                         "ORDER BY calls.id").fetchall()
     assert rows[0][0] == "zstd" and {e for e, _ in rows[1:]} == {"zstd-delta"}
     assert max(n for _, n in rows[1:]) < 1000 < len(body) // 100
+    assert [r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)] == \
+        [c.request_body for c in calls]
+
+
+def test_a_megabyte_body_is_still_a_small_delta(tmp_path):
+    """Past zstd level 3's reach (~1 MB) the writer sizes its window and tables: the first bytes of a
+    1.5 MB base are still found (random bytes: nothing but the base can compress them)."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    first = random.Random(0).randbytes(1_500_000)
+    calls = [_start("c0", "s", first), _start("c1", "s", first + b"and one more turn" * 10)]
+    _write(writer, calls)
+    writer.close()
+    conn = sqlite3.connect(tmp_path / "c.db")
+    assert conn.execute("SELECT max(length(data)) FROM bodies WHERE base IS NOT NULL").fetchone()[0] < 2000
     assert [r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)] == \
         [c.request_body for c in calls]
 
