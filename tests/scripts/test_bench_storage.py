@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-from tests.conftest import REPO
+from tests.support.scripts import load_script
 
 
 @pytest.mark.slow
 def test_tiny_run_measures_both_encodings(tokenizer_dir, capsys, monkeypatch, tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_storage", REPO / "scripts" / "bench_storage.py")
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, bench)
-    spec.loader.exec_module(bench)
+    bench = load_script(monkeypatch, "bench_storage")
     monkeypatch.setenv("COLUMNS", "250")
     # main() also checks that every stored body reads back as the client sent it (it raises otherwise).
     before, after, tokens = bench.main(["--sessions", "2", "--turns", "3", "--tokenizer", str(tokenizer_dir),
@@ -23,7 +17,7 @@ def test_tiny_run_measures_both_encodings(tokenizer_dir, capsys, monkeypatch, tm
     out = capsys.readouterr().out
     assert "| whole DB" in out and "python scripts/bench_storage.py --sessions 2" in out
     assert tokens > 2 * 20_000  # two sessions past the ~89 KB first request
-    # The same rows: only bodies, canonical requests and messages are stored differently.
+    # The same rows: only bodies, canonical requests, results and messages are stored differently.
     assert before["token columns"] == after["token columns"] and after["result"] < before["result"]
     assert after["request bodies"] < before["request bodies"] / 2 and after["canonical"] < before["canonical"] / 10
     assert after["response_body"] < before["response_body"] / 5
