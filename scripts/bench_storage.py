@@ -8,6 +8,8 @@ session over Anthropic Messages, streamed: the first request is shaped like a re
 (a ~18 KB system prompt in blocks, 12 tools with JSON schemas ~50 KB, thinking enabled, metadata,
 ~89 KB in all), then --turns turns (30), each appending the answer the client received (thinking +
 text + tool_use, as streamed) and a ~2 KB tool_result. So what is measured is what polar writes.
+All sessions start at once unless --concurrency caps them (then one starts as another ends, as in a
+rollout; a session's first body can then be stored against an earlier session's, see bodies.py).
 
 "unique tokens" = the sum over sessions of the final context (last call's prompt + completion).
 AFTER is the database polar wrote. BEFORE is the same rows in the earlier encoding — every request
@@ -17,7 +19,8 @@ measured after VACUUM.
 Every body is also checked to read back byte for byte as the client sent it, and reading is timed:
 every row in order, and each row alone (the longest delta chain bounds the latter).
 
-    python scripts/bench_storage.py [--sessions 16] [--turns 30] [--tokenizer DIR] [--dir DIR] [--markdown]
+    python scripts/bench_storage.py [--sessions 16] [--turns 30] [--concurrency N] [--tokenizer DIR] [--dir DIR]
+                                    [--markdown]
 """
 
 from __future__ import annotations
@@ -160,10 +163,17 @@ async def play(client: httpx.AsyncClient, url: str, session: int, turns: int, se
                                                            "content": tool_output(session, turn)} for u in uses]}]
 
 
-async def drive(url: str, sessions: int, turns: int) -> dict[str, list[str]]:
+async def drive(url: str, sessions: int, turns: int, concurrency: int) -> dict[str, list[str]]:
+    """All sessions, at most `concurrency` at a time (a new one starts when one ends, as in a rollout)."""
     sent: dict[str, list[str]] = {f"bench-{s:02d}": [] for s in range(sessions)}
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(client: httpx.AsyncClient, s: int) -> None:
+        async with slots:
+            await play(client, url, s, turns, sent[f"bench-{s:02d}"])
+
     async with httpx.AsyncClient(timeout=600) as client:
-        await asyncio.gather(*(play(client, url, s, turns, sent[f"bench-{s:02d}"]) for s in range(sessions)))
+        await asyncio.gather(*(one(client, s) for s in range(sessions)))
     return sent
 
 
@@ -274,6 +284,7 @@ def main(argv: list[str] | None = None) -> tuple[dict[str, int], dict[str, int],
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, default=16)
     ap.add_argument("--turns", type=int, default=30)
+    ap.add_argument("--concurrency", type=int, default=0, help="sessions at a time (default: all at once)")
     ap.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
     ap.add_argument("--dir", type=Path, help="keep the databases and logs here (default: a temporary directory)")
     ap.add_argument("--markdown", action="store_true")
@@ -287,7 +298,8 @@ def main(argv: list[str] | None = None) -> tuple[dict[str, int], dict[str, int],
         try:
             proxy = start_polar(work, upstream, "NORMAL", args.tokenizer)
             try:
-                sent = asyncio.run(drive(f"{proxy.health_url}v1/messages", args.sessions, args.turns))
+                sent = asyncio.run(drive(f"{proxy.health_url}v1/messages", args.sessions, args.turns,
+                                         args.concurrency or args.sessions))
             finally:
                 proxy.stop()
         finally:

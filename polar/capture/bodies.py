@@ -9,11 +9,13 @@ cannot reach back across a 100 KB body). `body_encoding` says where and how a ca
     "zstd"        in the `bodies` table (row `body_id`), zstd, whole: a keyframe
     "zstd-delta"  in the `bodies` table, zstd with its `base` body as the dictionary
 
-Large bodies live in their own table, which nothing deletes from, so deleting a call's row never
-makes another call's body unreadable. Bounded reads: a chain of deltas ends in a keyframe after at
-most CHAIN bodies. Crash safety: the writer takes a body as a base only once the transaction that
-wrote it has committed (`BodyBases.commit`), so no body references one that a failed write or a
-rolled-back transaction took away.
+A body with no base in its session (its first, or one whose chain is full) is compressed against the
+last keyframe of any session when that is smaller: a harness sends the same system prompt and tools in
+every session. Large bodies live in their own
+table, which nothing deletes from, so deleting a call's row never makes another call's body unreadable.
+Bounded reads: a chain of deltas ends in a keyframe after at most CHAIN bodies. Crash safety: the writer
+takes a body as a base only once the transaction that wrote it has committed (`BodyBases.commit`), so
+no body references one that a failed write or a rolled-back transaction took away.
 """
 
 from __future__ import annotations
@@ -79,12 +81,21 @@ class BodyBases:
         self._bases: OrderedDict[str, list[Base]] = OrderedDict()  # least recently used session first
         self._bytes = 0
         self._pending: list[tuple[str, Base]] = []
+        self._keyframe: Base | None = None  # the last committed keyframe: a new session's first base
 
     def encode(self, session: str, body: bytes) -> Encoded:
-        base = self._best(session, body) if len(body) > SMALL else None
-        if base is None:
-            return Encoded(*pack(body), None)
-        return Encoded(_compressor(base.body, body).compress(body), "zstd-delta", base)
+        if len(body) <= SMALL:
+            return Encoded(body, None, None)
+        base = self._best(session, body)
+        if base is not None:
+            return Encoded(_compressor(base.body, body).compress(body), "zstd-delta", base)
+        whole = Encoded(*pack(body), None)
+        if self._keyframe is None:
+            return whole
+        # No base in its session: the same harness sends the same system prompt and tools in every
+        # session, so the last keyframe (of any session) usually holds most of it. Kept only if smaller.
+        shared = Encoded(_compressor(self._keyframe.body, body).compress(body), "zstd-delta", self._keyframe)
+        return shared if len(shared.data) < len(whole.data) else whole
 
     def _best(self, session: str, body: bytes) -> Base | None:
         """The base sharing the longest prefix with `body` (the latest on a tie), if its chain may grow."""
@@ -107,6 +118,8 @@ class BodyBases:
 
     def commit(self) -> None:
         for session, base in self._pending:
+            if base.depth == 0:
+                self._keyframe = base
             bases = self._bases.pop(session, [])
             bases.append(base)
             self._bytes += len(base.body)

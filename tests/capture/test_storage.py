@@ -120,6 +120,26 @@ def test_bodies_are_stored_as_deltas_of_their_session(tmp_path):
         [c.request_body for c in calls]
 
 
+def test_a_sessions_first_body_is_a_delta_of_another_sessions_keyframe_when_smaller(tmp_path):
+    """The same system prompt and tools open every session: a new session's first body is stored against the
+    last keyframe; an unrelated one is a keyframe of its own."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    rng = random.Random(1)
+    prompt = b'{"system": "' + rng.randbytes(20_000) + b'", "messages": ['  # compresses only against itself
+    calls = [_start("a0", "a", prompt + b'"task a"]}'), _start("b0", "b", prompt + b'"task b"]}'),
+             _start("c0", "c", rng.randbytes(30_000))]
+    ids = _write(writer, calls)
+    writer.close()
+    conn = sqlite3.connect(tmp_path / "c.db")
+    rows = conn.execute("SELECT body_encoding, base, length(data) FROM calls JOIN bodies ON body_id = bodies.id "
+                        "ORDER BY calls.id").fetchall()
+    assert rows[0][:2] == ("zstd", None) and rows[2][:2] == ("zstd", None)
+    assert rows[1][:2] == ("zstd-delta", conn.execute("SELECT body_id FROM calls WHERE id=?", (ids[0],)).fetchone()[0])
+    assert rows[1][2] < 100
+    assert [r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)] == \
+        [c.request_body for c in calls]
+
+
 def test_a_megabyte_body_is_still_a_small_delta(tmp_path):
     """Past zstd level 3's reach (~1 MB) the writer sizes its window and tables: the first bytes of a
     1.5 MB base are still found (random bytes: nothing but the base can compress them)."""
