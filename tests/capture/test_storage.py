@@ -29,10 +29,18 @@ def _end(**fields) -> CallEnd:
     return CallEnd(**{"status": "ok", "http_status": 200, "response_body": b"{}", "t_end": time.time(), **fields})
 
 
-def _write(writer: CaptureWriter, calls: list[CallStart]) -> list[int]:
-    async def run() -> list[int]:  # each response: its request reversed (so large ones are compressed too)
-        return [await writer.finish(await writer.start(call), call, _end(response_body=call.request_body[::-1]))
-                for call in calls]
+def _write(writer: CaptureWriter, calls: list[CallStart], together: int = 1) -> list[int]:
+    """Each call's arrival then completion; `together` calls at once, so their writes share transactions
+    (a body then cannot be the base of another in its own transaction). Each response: its request
+    reversed, so large ones are compressed too."""
+    async def one(call: CallStart) -> int:
+        return await writer.finish(await writer.start(call), call, _end(response_body=call.request_body[::-1]))
+
+    async def run() -> list[int]:
+        ids: list[int] = []
+        for at in range(0, len(calls), together):
+            ids += await asyncio.gather(*(one(call) for call in calls[at : at + together]))
+        return ids
 
     return asyncio.run(run())
 
@@ -70,10 +78,12 @@ def _apply(body: bytes, edit: tuple) -> bytes:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(edits=st.lists(st.tuples(st.sampled_from("ab"), _edit), min_size=1, max_size=45), chain=st.sampled_from([2, 5, 32]))
-def test_bodies_round_trip_byte_for_byte(tmp_path_factory, monkeypatch, edits, chain):
-    """Random edit sequences over two interleaved sessions, through the real writer and reader: every body
-    reads back exactly, alone or in a whole scan, and no chain of deltas is longer than CHAIN."""
+@given(edits=st.lists(st.tuples(st.sampled_from("ab"), _edit), min_size=1, max_size=45), chain=st.sampled_from([2, 5, 32]),
+       together=st.integers(1, 6))
+def test_bodies_round_trip_byte_for_byte(tmp_path_factory, monkeypatch, edits, chain, together):
+    """Random edit sequences over two interleaved sessions, written one by one or several at once through
+    the real writer and read through the real reader: every body reads back exactly, alone or in a whole
+    scan, and no chain of deltas is longer than CHAIN."""
     monkeypatch.setattr(bodies, "CHAIN", chain)
     path = tmp_path_factory.mktemp("bodies") / "c.db"
     writer = CaptureWriter(path)
@@ -85,7 +95,7 @@ def test_bodies_round_trip_byte_for_byte(tmp_path_factory, monkeypatch, edits, c
         sent[f"c{i}"] = last[session]
         calls.append(_start(f"c{i}", session, last[session]))
     session_of = {call.call_id: call.session_id for call in calls}
-    _write(writer, calls)
+    _write(writer, calls, together)
     writer.close()
     reader = CaptureReader(path)
     rows = {r["call_id"]: r for r in reader.calls(with_tokens=False)}
