@@ -50,6 +50,7 @@ from bench_proxy import ANTHROPIC_HEADERS, DEFAULT_TOKENIZER, command_line, star
 
 from polar.capture.bodies import unpack_json  # noqa: E402
 from polar.capture.reader import CaptureReader  # noqa: E402
+from polar.capture.schema import STORED_BYTES, stored_bytes  # noqa: E402
 
 WORDS = ("the of to and a in is it you that for on with as are this be at or have from by not but what all when "
          "can use tool file code user task run test read write edit command output must should never always only "
@@ -179,23 +180,13 @@ async def drive(url: str, sessions: int, turns: int, concurrency: int) -> dict[s
 
 # -- measuring -------------------------------------------------------------------------------------
 
-COLUMNS = {  # what the table breaks the database into: calls columns (summed lengths) and tables
-    "request bodies": "coalesce(sum(length(request_body)), 0) + (SELECT coalesce(sum(length(data)), 0) FROM bodies)",
-    "canonical": "sum(length(canonical))",
-    "response_body": "sum(length(response_body))",
-    "result": "sum(length(result))",
-    "token columns": "sum(length(prompt_suffix) + length(completion_ids) + coalesce(length(completion_logprobs), 0))",
-}
-
-
 def measure(path: Path) -> dict[str, int]:
     """Bytes of a VACUUMed copy, and where they go."""
     packed = path.with_suffix(".vacuumed.db")
     packed.unlink(missing_ok=True)
     with closing(sqlite3.connect(path)) as conn:
         conn.execute("VACUUM INTO ?", (str(packed),))
-        out = {name: conn.execute(f"SELECT coalesce({sql}, 0) FROM calls").fetchone()[0] for name, sql in COLUMNS.items()}
-        out["messages table"] = conn.execute("SELECT coalesce(sum(length(body)), 0) FROM messages").fetchone()[0]
+        out = stored_bytes(conn)
     out["whole DB"] = packed.stat().st_size
     packed.unlink()
     return out
@@ -272,7 +263,7 @@ def report(before: dict[str, int], after: dict[str, int], tokens: int, markdown:
     table = Table(title=f"Capture storage, {tokens:,} unique tokens", box=box.MARKDOWN if markdown else box.SIMPLE)
     for col in ("", "before: bytes", "B/token", "after: bytes", "B/token"):
         table.add_column(col, justify="left" if not col else "right")
-    for name in ("whole DB", *COLUMNS, "messages table"):
+    for name in ("whole DB", *STORED_BYTES):
         table.add_row(name, f"{before[name]:,}", f"{before[name] / tokens:.2f}", f"{after[name]:,}",
                       f"{after[name] / tokens:.2f}")
     Console(width=200).print(table)

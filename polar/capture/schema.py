@@ -116,6 +116,24 @@ def presize_wal(conn: sqlite3.Connection, path: str, synchronous: str) -> None:
     conn.execute(f"PRAGMA synchronous={synchronous}")
 
 
+# Where a capture database's bytes go, as the benchmarks break it down: kind → SQL summing its stored bytes.
+STORED_BYTES = {
+    "request bodies": "SELECT (SELECT coalesce(sum(length(request_body)), 0) FROM calls)"
+                      " + (SELECT coalesce(sum(length(data)), 0) FROM bodies)",
+    "canonical": "SELECT coalesce(sum(length(canonical)), 0) FROM calls",
+    "response_body": "SELECT coalesce(sum(length(response_body)), 0) FROM calls",
+    "result": "SELECT coalesce(sum(length(result)), 0) FROM calls",
+    "token columns": "SELECT coalesce(sum(length(prompt_suffix) + length(completion_ids)"
+                     " + coalesce(length(completion_logprobs), 0)), 0) FROM calls",
+    "messages table": "SELECT coalesce(sum(length(body)), 0) FROM messages",
+}
+
+
+def stored_bytes(conn: sqlite3.Connection) -> dict[str, int]:
+    """Bytes stored of each kind in STORED_BYTES (row and page overhead not included)."""
+    return {kind: conn.execute(sql).fetchone()[0] for kind, sql in STORED_BYTES.items()}
+
+
 def secret(conn: sqlite3.Connection, key: str) -> bytes:
     """A per-database secret from `meta` (the key salt for API-key hashes, the reasoning seal key)."""
     row = conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
