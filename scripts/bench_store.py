@@ -43,6 +43,7 @@ sys.path.insert(0, str(HERE))
 import bench_tokens as tokens  # noqa: E402  (puts the repository on sys.path too)
 from bench_proxy import loadavg  # noqa: E402
 
+from polar.capture.schema import stored_bytes  # noqa: E402
 from polar.capture.writer import CaptureWriter  # noqa: E402
 from polar.sessions.state import SessionState  # noqa: E402
 from polar.tokens import ChatTemplate  # noqa: E402
@@ -179,16 +180,14 @@ def footprint(session: Session, seed: int, workdir: Path) -> Footprint:
     path = workdir / f"size-{session.size}.db"
     stored = tokens.store_session(path, session.raw, session.built, seed)
     with sqlite3.connect(path) as conn:
-        (body, canonical, result, response) = conn.execute(
-            "SELECT sum(length(request_body)), sum(length(canonical)), sum(length(result)), "
-            "sum(length(response_body)) FROM calls").fetchone()
-        (messages,) = conn.execute("SELECT coalesce(sum(length(body)), 0) FROM messages").fetchone()
+        kinds = stored_bytes(conn)
         pages = dict(conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall())
         used = used_bytes(conn)
     conn.close()
-    indexes = sum(v for k, v in pages.items() if k not in ("calls", "messages", "meta", "sqlite_schema"))
-    parts = {"token cols": stored.token_bytes, "request bodies": body, "canonical refs": canonical,
-             "messages": messages, "results": result, "responses": response, "indexes": indexes}
+    indexes = sum(v for k, v in pages.items() if k not in ("calls", "messages", "bodies", "meta", "sqlite_schema"))
+    parts = {"token cols": stored.token_bytes, "request bodies": kinds["request bodies"],
+             "canonical refs": kinds["canonical"], "messages": kinds["messages table"], "results": kinds["result"],
+             "responses": kinds["response_body"], "indexes": indexes}
     return Footprint(session.size, len(session.calls), session.tokens, stored.file_bytes, used, parts)
 
 

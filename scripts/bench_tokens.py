@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO))
 from polar.canonical import ChatRequest, ChatResult, Message, Reasoning, TextPart, ToolCall, Usage  # noqa: E402
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages  # noqa: E402
+from polar.capture.schema import stored_bytes  # noqa: E402
 from polar.capture.writer import CaptureWriter  # noqa: E402
 from polar.providers.openai_chat import ChatContext, OpenAIChat  # noqa: E402
 from polar.providers.reasoning_seal import Sealer  # noqa: E402
@@ -363,7 +364,7 @@ def build_one(template: ChatTemplate, buffers: SessionState, request: ChatReques
 class Stored:
     token_bytes: int  # prompt suffixes + completion ids + completion logprobs
     full_bytes: int  # the same columns if every prompt were stored whole
-    text_bytes: int  # request bodies, canonical requests, results, response bodies
+    text_bytes: int  # request bodies, canonical requests, results, response bodies, stored messages
     file_bytes: int  # the database file(s) after closing
     rows: list[dict[str, Any]]
 
@@ -433,13 +434,11 @@ def store_session(path: Path, calls: list[Call], built: list[Built], seed: int) 
     asyncio.run(write())
     writer.close()
     with sqlite3.connect(path) as conn:
-        token_bytes, text_bytes, full_ids = conn.execute(
-            "SELECT sum(length(prompt_suffix) + length(completion_ids) + length(completion_logprobs)),"
-            " sum(length(request_body) + length(canonical) + length(result) + length(response_body)),"
-            " sum(prompt_len + 2 * completion_len) FROM calls"
-        ).fetchone()
-        text_bytes += conn.execute("SELECT coalesce(sum(length(body)), 0) FROM messages").fetchone()[0]
+        stored = stored_bytes(conn)
+        (full_ids,) = conn.execute("SELECT sum(prompt_len + 2 * completion_len) FROM calls").fetchone()
     conn.close()
+    token_bytes = stored.pop("token columns")
+    text_bytes = sum(stored.values())
     rows = list(CaptureReader(path).calls(session="bench"))
     file_bytes = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
     return Stored(token_bytes, 4 * full_ids, text_bytes, file_bytes, rows)

@@ -16,7 +16,8 @@ Streams can be paced like a real engine: `--first-token-delay-ms` before the fir
 prefill; as uvicorn does, the HTTP headers go out only with it) and `--token-delay-ms` between
 tokens, on a fixed schedule from the request's arrival (so every stream of an answer takes the same
 time). Both default to 0 (unpaced). `--answer-tokens N` makes the double answer every conversation
-with one text of about N tokens (default: its short scripted answer). `GET /v1/models` is the
+with one text of about N tokens (default: its short scripted answer); `--script FILE` gives it a
+whole script instead (reasoning, text, tool calls), `--max-model-len` its context window. `GET /v1/models` is the
 double's (with `max_model_len`), so polar's token-faithful mode runs against it too.
 `GET /_bench/stats` tells how many calls missed the cache (one per distinct body) and lists the
 bodies, and the last body received on each path; `GET /_bench/streams` when each paced stream's
@@ -24,6 +25,7 @@ request arrived and when its first token was written (wall clock).
 
     python scripts/bench_upstream.py --port 8000 [--tokenizer DIR] [--token-delay-ms 10]
                                      [--first-token-delay-ms 20] [--answer-tokens 200]
+                                     [--script FILE] [--max-model-len 32768]
 """
 
 from __future__ import annotations
@@ -59,12 +61,15 @@ def long_answer(tokenizer: Any, tokens: int) -> str:
 class CachedDouble:
     """The double's answer to each distinct request body (per path), computed once."""
 
-    def __init__(self, tokenizer_dir: str | Path, answer_tokens: int | None = None):
+    def __init__(self, tokenizer_dir: str | Path, answer_tokens: int | None = None, script: Path | None = None,
+                 max_model_len: int = 32768):
         from polar.doubles.script import Script
         from polar.doubles.scripted_vllm import ScriptedVLLM
 
-        self.double = ScriptedVLLM(tokenizer_dir)
-        if answer_tokens:
+        self.double = ScriptedVLLM(tokenizer_dir, max_model_len=max_model_len)
+        if script:
+            self.double.script = Script.from_json(json.loads(script.read_text()))
+        elif answer_tokens:
             text = long_answer(self.double.tokenizer, answer_tokens)
             self.double.script = Script([{"match": None, "steps": [{"content": text}]}])
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.double.app), base_url="http://double")
@@ -244,10 +249,13 @@ def main() -> None:
                     help="ms before a stream's first token (queue + prefill; its headers wait as well)")
     ap.add_argument("--answer-tokens", type=int, default=None,
                     help="answer every conversation with a text of about this many tokens")
+    ap.add_argument("--script", type=Path, help="the double's script (JSON: polar/doubles/script.py) instead")
+    ap.add_argument("--max-model-len", type=int, default=32768, help="the context window the double serves")
     args = ap.parse_args()
     if not (Path(args.tokenizer) / "tokenizer.json").exists():
         ap.error(f"no tokenizer at {args.tokenizer} (build one: scripts/build_tiny_model.py --tokenizer-only)")
-    app = make_app(CachedDouble(args.tokenizer, args.answer_tokens), args.first_token_delay_ms / 1000,
+    app = make_app(CachedDouble(args.tokenizer, args.answer_tokens, args.script, args.max_model_len),
+                   args.first_token_delay_ms / 1000,
                    args.token_delay_ms / 1000)
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
 

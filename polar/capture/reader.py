@@ -1,7 +1,7 @@
 """Reading captures: read-only connections (`mode=ro`), never a schema change, safe beside a live writer.
 
-Rows come back as the caller sees them: JSON decoded, body decompressed, canonical messages resolved
-from the content-addressed `messages` table, and (optionally) token columns decoded into lists, each
+Rows come back as the caller sees them: JSON decoded, body rebuilt (bodies.py), canonical messages and
+large parts (the tools) resolved from the content-addressed `messages` table, and (optionally) token columns decoded into lists, each
 prompt rebuilt by following its lineage of parent rows.
 """
 
@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import zlib
 from collections.abc import Iterator
 from contextlib import closing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from polar.capture.bodies import read_body, unpack, unpack_json
 from polar.capture.tokens import unpack_ids, unpack_logprobs
 from polar.sqlite_files import open_readonly
 
@@ -71,7 +72,7 @@ class CaptureReader:
             row = conn.execute(
                 "SELECT * FROM calls WHERE call_id=? AND session_id=? AND status='ok'", (call_id, session)
             ).fetchone()
-            return decode_row(conn, row, {}) if row else None
+            return decode_row(conn, row, RowCache()) if row else None
 
     def recent_calls(self, session: str, limit: int) -> list[dict[str, Any]]:
         """A session's last `limit` completed calls with tokens, oldest first, token columns decoded."""
@@ -80,41 +81,56 @@ class CaptureReader:
                 "SELECT * FROM calls WHERE session_id=? AND status='ok' AND completion_ids IS NOT NULL "
                 "ORDER BY id DESC LIMIT ?", (session, limit),
             ).fetchall()
-            return [self._with_tokens(conn, row, {}, {}) for row in reversed(rows)]
+            cache = RowCache()
+            return [self._with_tokens(conn, row, cache, {}) for row in reversed(rows)]
 
     def calls(self, session: str | None = None, with_tokens: bool = True) -> Iterator[dict[str, Any]]:
         """Rows as dicts, oldest first."""
         with closing(self.connect()) as conn:
             sql = "SELECT * FROM calls" + (" WHERE session_id=?" if session else "") + " ORDER BY id"
-            messages: dict[str, Any] = {}
+            cache = RowCache()
             memo: dict[int, np.ndarray] = {}
             for row in conn.execute(sql, (session,) if session else ()).fetchall():
-                yield self._with_tokens(conn, row, messages, memo) if with_tokens else decode_row(conn, row, messages)
+                yield self._with_tokens(conn, row, cache, memo) if with_tokens else decode_row(conn, row, cache)
 
-    def _with_tokens(self, conn, row: sqlite3.Row, messages: dict, memo: dict) -> dict[str, Any]:
-        out = decode_row(conn, row, messages)
+    def _with_tokens(self, conn, row: sqlite3.Row, cache: RowCache, memo: dict) -> dict[str, Any]:
+        out = decode_row(conn, row, cache)
         out["completion_ids"] = unpack_ids(row["completion_ids"])
         out["completion_logprobs"] = unpack_logprobs(row["completion_logprobs"])
         out["prompt_ids"] = self.prompt_ids(row["id"], conn, memo) if row["prompt_len"] is not None else []
         return out
 
 
-def decode_row(conn: sqlite3.Connection, row: sqlite3.Row, messages: dict[str, Any]) -> dict[str, Any]:
-    """A stored row as the caller sees it: JSON decoded, body decompressed, messages resolved."""
-    out = dict(row)
-    for key in ("request_headers", "canonical", "result", "rewrites"):
-        if out.get(key):
-            out[key] = json.loads(out[key])
-    if out.get("body_encoding") == "zlib" and out.get("request_body"):
-        out["request_body"] = zlib.decompress(out["request_body"])
-    canonical = out.get("canonical")
-    if isinstance(canonical, dict) and "message_refs" in canonical:
-        refs = canonical.pop("message_refs")
-        missing = [h for h in set(refs) if h not in messages]
+@dataclass
+class RowCache:
+    """What decoding one row learns that the next rows reuse: content-addressed values, decoded bodies."""
+
+    values: dict[str, Any] = field(default_factory=dict)  # hash → decoded JSON (messages, parts)
+    bodies: dict[int, bytes | None] = field(default_factory=dict)  # row id → request body (bounded)
+
+    def resolve(self, conn: sqlite3.Connection, refs: list[str]) -> None:
+        missing = [h for h in set(refs) if h not in self.values]
         for start in range(0, len(missing), 500):
             chunk = missing[start : start + 500]
             marks = ",".join("?" * len(chunk))
             for digest, body in conn.execute(f"SELECT hash, body FROM messages WHERE hash IN ({marks})", chunk):
-                messages[digest] = json.loads(body)
-        canonical["messages"] = [messages[h] for h in refs]
+                self.values[digest] = json.loads(unpack_json(body))
+
+
+def decode_row(conn: sqlite3.Connection, row: sqlite3.Row, cache: RowCache) -> dict[str, Any]:
+    """A stored row as the caller sees it: JSON decoded, body rebuilt, messages and parts resolved."""
+    out = dict(row)
+    for key in ("request_headers", "canonical", "result", "rewrites"):
+        if out.get(key):
+            out[key] = json.loads(unpack_json(out[key]))  # large canonical and result are compressed
+    out["request_body"] = read_body(conn, out, cache.bodies)
+    out["response_body"] = unpack(out.get("response_body"), out.get("response_encoding"), f"capture row {out['id']}")
+    canonical = out.get("canonical")
+    if isinstance(canonical, dict) and "message_refs" in canonical:
+        refs = canonical.pop("message_refs")
+        parts = canonical.pop("part_refs", [])  # rows written before parts were stored apart have none
+        cache.resolve(conn, [*refs, *(canonical[key] for key in parts)])
+        for key in parts:  # in place: the request's keys keep their order
+            canonical[key] = cache.values[canonical[key]]
+        canonical["messages"] = [cache.values[h] for h in refs]
     return out

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from polar.capture.bodies import pack, pack_json
 from polar.capture.tokens import as_ids, pack_logprobs
 
 # Bodies above this are stored truncated (the call is still recorded, with its error).
@@ -34,14 +34,14 @@ class CallStart:
     t_start: float
 
     def row(self) -> dict[str, Any]:
+        """The row without its body: the writer stores that against the session's earlier ones (bodies.py)."""
         row = asdict(self)
+        del row["request_body"]
         row["request_headers"] = json.dumps(self.request_headers)
-        body = self.request_body[:STORED_BODY_LIMIT]
-        if len(body) > 1024:  # it repeats the whole history on every turn
-            row.update(request_body=zlib.compress(body, 1), body_encoding="zlib")
-        else:
-            row["request_body"] = body
         return row
+
+    def stored_body(self) -> bytes:
+        return self.request_body[:STORED_BODY_LIMIT]
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,19 @@ class TokenRecord:
 
 @dataclass(frozen=True)
 class StoredMessage:
+    """A JSON value under its content address: a canonical message, or a large part of the request."""
+
     digest: str
     body: str  # canonical JSON
+
+    def stored(self) -> str | bytes:
+        """As the `messages` table holds it: the text, or a large one zstd-compressed (a BLOB)."""
+        return pack_json(self.body)
+
+
+# Top-level parts of the canonical request at least this large (as JSON) are stored once in the
+# `messages` table and referenced: the tools (tens of KB for a coding agent) repeat on every call.
+PART_MIN_CHARS = 256
 
 
 @dataclass
@@ -102,7 +113,8 @@ class CallEnd:
     new_messages: list[StoredMessage] = field(default_factory=list)
     tokens: TokenRecord | None = None
 
-    def row(self) -> dict[str, Any]:
+    def encode(self) -> tuple[dict[str, Any], list[StoredMessage]]:
+        """The row's columns, and the content-addressed values (messages, large parts) it references."""
         row: dict[str, Any] = {
             "status": self.status, "http_status": self.http_status, "response_body": self.response_body,
             "t_end": self.t_end, "model": self.model, "stream": None if self.stream is None else int(self.stream),
@@ -111,17 +123,41 @@ class CallEnd:
             "prompt_mode": self.prompt_mode, "t_upstream": self.t_upstream, "t_first": self.t_first,
             "rewrites": json.dumps(self.rewrites) if self.rewrites else None,
         }  # fmt: skip
+        row["response_body"], row["response_encoding"] = pack(self.response_body)
+        values = list(self.new_messages)
         if self.canonical is not None:
-            rest = {k: v for k, v in self.canonical.items() if k != "messages"}
-            row["canonical"] = json.dumps({**rest, "message_refs": self.message_refs}, ensure_ascii=False)
+            rest, parts = encode_parts({k: v for k, v in self.canonical.items() if k != "messages"})
+            values += parts
+            row["canonical"] = pack_json(json.dumps({**rest, "message_refs": self.message_refs}, ensure_ascii=False))
+        if self.result is not None:
+            row["result"] = pack_json(self.result)
         if self.tokens is not None:
             row.update(self.tokens.columns())
-        return row
+        return row, values
+
+
+def encode_parts(canonical: dict[str, Any]) -> tuple[dict[str, Any], list[StoredMessage]]:
+    """The canonical request with each large part replaced, in place, by its content address (listed under
+    `part_refs`), and the parts to store. A part keeps its own key order, so it reads back exactly."""
+    out, keys, parts = dict(canonical), [], []
+    for key, value in canonical.items():
+        if isinstance(value, (dict, list)) and value:
+            body = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+            if len(body) >= PART_MIN_CHARS:
+                parts.append(_addressed(body))
+                out[key] = parts[-1].digest
+                keys.append(key)
+    if keys:
+        out["part_refs"] = keys
+    return out, parts
 
 
 def stored_message(message: dict[str, Any]) -> StoredMessage:
     """A canonical message under its content address (its key in the `messages` table)."""
-    body = json.dumps(message, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return _addressed(json.dumps(message, ensure_ascii=False, sort_keys=True, separators=(",", ":")))
+
+
+def _addressed(body: str) -> StoredMessage:
     # surrogatepass: a lone surrogate ("\\ud800" is valid JSON) must reach the writer, which marks the
     # row capture_failed and fails the call, not raise here, outside the gateway's guard.
     return StoredMessage(hashlib.blake2b(body.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest(), body)

@@ -31,11 +31,14 @@ CALLS: dict[str, Any] = {
     "key_hash": str,  # salted hash of the client's API key; the key itself is never stored
     "request_headers": str,
     "request_body": bytes,
-    "body_encoding": str,  # "zlib" when request_body is compressed
-    "canonical": str,  # the canonical request (JSON), its messages as references into `messages`
+    "body_encoding": str,  # where and how the request body is: NULL (as is), zlib, zstd, zstd-delta (bodies.py)
+    "body_id": int,  # zstd, zstd-delta: the body's row in `bodies`
+    # JSON columns: the text, or (a BLOB) that text zstd-compressed when over 1 KB (bodies.pack_json)
+    "canonical": str,  # the canonical request (JSON), its messages and large parts as references into `messages`
     "rewrites": str,  # JSON list: what polar changed in the request so the template accepts it, and why
     "result": str,  # the canonical result without token arrays (JSON)
     "response_body": bytes,
+    "response_encoding": str,  # NULL (as is) or zstd (bodies.pack): a streamed answer's events compress ~14x
     "prompt_parent": int,  # row whose prompt+completion holds the first prompt_prefix_len ids
     "prompt_prefix_len": int,
     "prompt_suffix": bytes,
@@ -76,9 +79,14 @@ def ensure(conn: sqlite3.Connection) -> None:
             if name not in calls.columns_dict:
                 calls.add_column(name, typ)
     if not db["messages"].exists():
-        # Content-addressed canonical messages: every turn re-sends the whole history, but each
-        # message is stored once, so a session's canonical requests take O(N), not O(T·N).
+        # Content-addressed canonical messages (and large request parts, the tools): every turn re-sends
+        # them all, but each is stored once, so a session's canonical requests take O(N), not O(T·N).
+        # `body` is the JSON text, or (a BLOB) that text zstd-compressed when large (bodies.pack_json).
         db["messages"].create({"hash": str, "body": str}, pk="hash")
+    if not db["bodies"].exists():
+        # Large request bodies, each zstd-compressed against its `base` body (NULL: a keyframe). Append-only,
+        # apart from calls, so deleting a call's row leaves every other body readable.
+        db["bodies"].create({"id": int, "base": int, "data": bytes}, pk="id")
     if not db["meta"].exists():
         db["meta"].create({"key": str, "value": str}, pk="key")
     for key in ("key_salt", "seal_key"):  # secrets of this database, random per database
@@ -106,6 +114,24 @@ def presize_wal(conn: sqlite3.Connection, path: str, synchronous: str) -> None:
     conn.execute("COMMIT")
     conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # never waits for readers; the next write restarts the WAL
     conn.execute(f"PRAGMA synchronous={synchronous}")
+
+
+# Where a capture database's bytes go, as the benchmarks break it down: kind → SQL summing its stored bytes.
+STORED_BYTES = {
+    "request bodies": "SELECT (SELECT coalesce(sum(length(request_body)), 0) FROM calls)"
+                      " + (SELECT coalesce(sum(length(data)), 0) FROM bodies)",
+    "canonical": "SELECT coalesce(sum(length(canonical)), 0) FROM calls",
+    "response_body": "SELECT coalesce(sum(length(response_body)), 0) FROM calls",
+    "result": "SELECT coalesce(sum(length(result)), 0) FROM calls",
+    "token columns": "SELECT coalesce(sum(length(prompt_suffix) + length(completion_ids)"
+                     " + coalesce(length(completion_logprobs), 0)), 0) FROM calls",
+    "messages table": "SELECT coalesce(sum(length(body)), 0) FROM messages",
+}
+
+
+def stored_bytes(conn: sqlite3.Connection) -> dict[str, int]:
+    """Bytes stored of each kind in STORED_BYTES (row and page overhead not included)."""
+    return {kind: conn.execute(sql).fetchone()[0] for kind, sql in STORED_BYTES.items()}
 
 
 def secret(conn: sqlite3.Connection, key: str) -> bytes:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.capture import schema
+from polar.capture.bodies import BodyBases, write_body
 from polar.capture.records import CallEnd, CallStart
 
 log = logging.getLogger("polar.capture")
@@ -62,6 +63,7 @@ class CaptureWriter:
         self.seal_key = schema.secret(self._conn, "seal_key")
         self.token, self._lease = _take_lease(self.path)
         self.interrupted = self._reap_dead_writers()
+        self._bodies = BodyBases()  # bodies this writer committed, to encode the next ones against
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = threading.Thread(
             target=self._loop, name="polar-capture-writer", daemon=True
@@ -168,11 +170,14 @@ class CaptureWriter:
         outcomes: list[Any] = []
         for op, _ in work:
             conn.execute("SAVEPOINT w")
+            mark = self._bodies.mark()
             try:
                 outcomes.append(self._apply(op))
                 conn.execute("RELEASE w")
             except Exception as exc:  # noqa: BLE001 — any failed write (SQLite, encoding, a bug) is undone alone
+                self._bodies.undo(mark)  # its body is no base for anyone
                 if not conn.in_transaction:  # SQLite rolled the whole transaction back (disk full, I/O error)
+                    self._bodies.abort()
                     self._last_error = str(exc)
                     return None
                 conn.execute("ROLLBACK TO w")  # this write alone is undone; the others stand
@@ -181,26 +186,37 @@ class CaptureWriter:
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
+            self._bodies.abort()
             self._last_error = str(exc)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             return None
+        self._bodies.commit()  # only now may later rows use this transaction's bodies as bases
         return outcomes
 
     def _apply(self, op: tuple) -> int:
         if op[0] == "start":
-            return self._insert({**op[1].row(), "writer": self.token})
+            return self._insert_call(op[1], {})
         _, row_id, call, end = op
-        fields = end.row()
-        for message in end.new_messages:
-            self._conn.execute("INSERT OR IGNORE INTO messages (hash, body) VALUES (?, ?)", (message.digest, message.body))
+        fields, values = end.encode()
+        for value in values:  # the tools come with every call: compressed only the first time
+            if self._conn.execute("SELECT 1 FROM messages WHERE hash=?", (value.digest,)).fetchone() is None:
+                self._conn.execute("INSERT INTO messages (hash, body) VALUES (?, ?)", (value.digest, value.stored()))
         if row_id is not None:
             cur = self._conn.execute(
                 f"UPDATE calls SET {', '.join(f'{k}=?' for k in fields)} WHERE id=?", [*fields.values(), row_id]
             )
             if cur.rowcount == 1:
                 return row_id
-        return self._insert({**call.row(), **fields, "writer": self.token})  # its arrival row is not there
+        return self._insert_call(call, fields)  # its arrival row is not there
+
+    def _insert_call(self, call: CallStart, fields: dict[str, Any]) -> int:
+        body = call.stored_body()
+        encoded = self._bodies.encode(call.session_id, body)
+        columns = write_body(self._conn, encoded)
+        if columns["body_id"] is not None:
+            self._bodies.wrote(call.session_id, columns["body_id"], body, encoded)
+        return self._insert({**call.row(), **columns, **fields, "writer": self.token})
 
     def _insert(self, row: dict[str, Any]) -> int:
         unknown = set(row) - set(schema.CALLS)

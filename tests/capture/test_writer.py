@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sqlite3
 import subprocess
 import sys
@@ -202,7 +203,8 @@ def test_disk_full_fails_the_waiting_call_and_the_writer_recovers(tmp_path):
     rec_row = asyncio.run(writer.finish(None, _start("before"), _end()))
     pages = writer._conn.execute("PRAGMA page_count").fetchone()[0]
     writer._conn.execute(f"PRAGMA max_page_count={pages}")  # the database may not grow: "disk full"
-    big = _end(response_body=b"x" * 8_000_000)  # more than the free pages the WAL presize left
+    # More than the free pages the WAL presize left, even compressed: random bytes do not compress.
+    big = _end(response_body=random.Random(0).randbytes(8_000_000))
     with pytest.raises(CaptureError, match="full"):
         asyncio.run(writer.finish(None, _start("big"), big))
     writer._conn.execute("PRAGMA max_page_count=1073741823")

@@ -102,7 +102,9 @@ def test_bench_store_tiny(tokenizer_dir, capsys, monkeypatch):
     for f in prints:
         assert f.tokens > 0 and f.used_bytes <= f.file_bytes
         assert f.parts["token cols"] > 0 and f.parts["messages"] > 0
-    assert prints[1].used_bytes > prints[0].used_bytes
+    # Used bytes are whole pages: with bodies and responses compressed, both tiny sessions may fill as many.
+    assert prints[1].used_bytes >= prints[0].used_bytes
+    assert sum(prints[1].parts.values()) > sum(prints[0].parts.values())
     for title in ("Capture store write rate", "Capture store bytes per session"):
         assert title in out
     for column in ("rows/s", "commit p50 ms", "CPU ms/row", "used B/token", "request bodies", "canonical refs"):

@@ -1,0 +1,198 @@
+"""Raw request bodies stored linearly: each compressed with zstd against an earlier body of its session.
+
+An agent re-sends its whole history on every call, so a body is mostly an earlier one plus a little.
+zstd given that earlier body as a raw-content dictionary stores only the little (zlib's 32 KB window
+cannot reach back across a 100 KB body). `body_encoding` says where and how a call's body is:
+
+    NULL          in `request_body`, as it is (small bodies)
+    "zlib"        in `request_body`, zlib, whole (rows written before delta encoding; still read)
+    "zstd"        in the `bodies` table (row `body_id`), zstd, whole: a keyframe
+    "zstd-delta"  in the `bodies` table, zstd with its `base` body as the dictionary
+
+A body with no base in its session (its first, or one whose chain is full) is compressed against the
+last keyframe of any session when that is smaller: a harness sends the same system prompt and tools in
+every session. Large bodies live in their own
+table, which nothing deletes from, so deleting a call's row never makes another call's body unreadable.
+Bounded reads: a chain of deltas ends in a keyframe after at most CHAIN bodies. Crash safety: the writer
+takes a body as a base only once the transaction that wrote it has committed (`BodyBases.commit`), so
+no body references one that a failed write or a rolled-back transaction took away.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import zlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from polar.capture.tokens import common_prefix_len
+
+SMALL = 1024  # bodies up to this many bytes are stored as they are, and never serve as a base
+CHAIN = 32  # bodies per keyframe: reading one row decompresses at most this many
+LEVEL = 3  # zstd level: at 100-200 KB bodies ~0.5 ms a body; higher levels gain ~2 %
+BASES_PER_SESSION = 3  # a session's main thread, its sub-agents and side calls take turns
+MAX_BASE_BYTES = 64 * 1024 * 1024  # the writer's memory for bases, all sessions together
+WIDE = 1024 * 1024  # base + body above this: zstd parameters sized to them (slower: ~45 ms at 1.5 MB)
+
+
+@dataclass(frozen=True)
+class Base:
+    id: int  # in the bodies table
+    body: bytes
+    depth: int  # deltas between this body and its keyframe
+
+
+@dataclass(frozen=True)
+class Encoded:
+    data: bytes
+    encoding: str | None  # body_encoding
+    base: Base | None  # zstd-delta: the body it is compressed against
+
+
+def _dictionary(body: bytes) -> zstandard.ZstdCompressionDict:
+    return zstandard.ZstdCompressionDict(body, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+
+
+def _compressor(base: bytes, body: bytes) -> zstandard.ZstdCompressor:
+    """zstd at LEVEL against `base`. Past WIDE bytes, level 3's window and hash tables no longer reach the
+    start of the base (a 1.5 MB body's delta is then ~ its whole size): size them to base + body."""
+    size = len(base) + len(body)
+    if size <= WIDE:
+        return zstandard.ZstdCompressor(level=LEVEL, dict_data=_dictionary(base))
+    log = min(27, (size - 1).bit_length())  # 27: the largest window a decoder accepts by default
+    params = zstandard.ZstdCompressionParameters.from_level(LEVEL, window_log=log, hash_log=min(log, 26),
+                                                            chain_log=min(log, 26))
+    return zstandard.ZstdCompressor(compression_params=params, dict_data=_dictionary(base))
+
+
+class BodyBases:
+    """The writer's side: each session's last committed bodies, the candidates a new body is encoded against.
+
+    Used by the one writer thread only. Bodies written in the open transaction wait in `_pending` and
+    become bases on commit; `mark`/`undo` drop those of a write rolled back to its savepoint."""
+
+    def __init__(self, max_bytes: int = MAX_BASE_BYTES):
+        self.max_bytes = max_bytes
+        self._bases: OrderedDict[str, list[Base]] = OrderedDict()  # least recently used session first
+        self._bytes = 0
+        self._pending: list[tuple[str, Base]] = []
+        self._keyframe: Base | None = None  # the last committed keyframe: a new session's first base
+
+    def encode(self, session: str, body: bytes) -> Encoded:
+        if len(body) <= SMALL:
+            return Encoded(body, None, None)
+        base = self._best(session, body)
+        if base is not None:
+            return Encoded(_compressor(base.body, body).compress(body), "zstd-delta", base)
+        whole = Encoded(*pack(body), None)
+        if self._keyframe is None:
+            return whole
+        # No base in its session: the same harness sends the same system prompt and tools in every
+        # session, so the last keyframe (of any session) usually holds most of it. Kept only if smaller.
+        shared = Encoded(_compressor(self._keyframe.body, body).compress(body), "zstd-delta", self._keyframe)
+        return shared if len(shared.data) < len(whole.data) else whole
+
+    def _best(self, session: str, body: bytes) -> Base | None:
+        """The base sharing the longest prefix with `body` (the latest on a tie), if its chain may grow."""
+        usable = [b for b in self._bases.get(session, ()) if b.depth + 1 < CHAIN]
+        new = np.frombuffer(body, np.uint8)
+        return max(reversed(usable), key=lambda b: common_prefix_len(np.frombuffer(b.body, np.uint8), new), default=None)
+
+    def wrote(self, session: str, body_id: int, body: bytes, encoded: Encoded) -> None:
+        depth = encoded.base.depth + 1 if encoded.base else 0
+        self._pending.append((session, Base(body_id, body, depth)))
+
+    def mark(self) -> int:
+        return len(self._pending)
+
+    def undo(self, mark: int) -> None:
+        del self._pending[mark:]
+
+    def abort(self) -> None:
+        self._pending.clear()
+
+    def commit(self) -> None:
+        for session, base in self._pending:
+            if base.depth == 0:
+                self._keyframe = base
+            bases = self._bases.pop(session, [])
+            bases.append(base)
+            self._bytes += len(base.body)
+            while len(bases) > BASES_PER_SESSION:
+                self._bytes -= len(bases.pop(0).body)
+            self._bases[session] = bases
+        self._pending.clear()
+        while self._bytes > self.max_bytes and self._bases:
+            _, dropped = self._bases.popitem(last=False)
+            self._bytes -= sum(len(b.body) for b in dropped)
+
+
+def write_body(conn: sqlite3.Connection, encoded: Encoded) -> dict[str, Any]:
+    """The call's body columns; a large body goes to the `bodies` table first."""
+    if encoded.encoding is None:
+        return {"request_body": encoded.data, "body_encoding": encoded.encoding, "body_id": None}
+    base = encoded.base.id if encoded.base else None
+    body_id = conn.execute("INSERT INTO bodies (base, data) VALUES (?, ?)", (base, encoded.data)).lastrowid
+    return {"request_body": None, "body_encoding": encoded.encoding, "body_id": body_id}
+
+
+def read_body(conn: sqlite3.Connection, row: Mapping[str, Any], memo: dict[int, bytes]) -> bytes | None:
+    """A call's request body, byte for byte. `memo` maps a `bodies` id → body, so reading a session in
+    order decompresses each body once (`_remember` bounds it)."""
+    if row.get("body_id") is None:
+        return unpack(row["request_body"], row.get("body_encoding"), f"capture row {row['id']}")
+    chain: list[tuple[int, int | None, bytes]] = []
+    cur: int | None = row["body_id"]
+    while cur is not None and cur not in memo:
+        found = conn.execute("SELECT base, data FROM bodies WHERE id=?", (cur,)).fetchone()
+        if found is None or (found[0] is not None and found[0] >= cur):
+            raise LookupError(f"body {cur} (of capture row {row['id']}) is missing")
+        chain.append((cur, *found))
+        cur = found[0]
+    for body_id, base, data in reversed(chain):  # from the keyframe (or a memoised body) on
+        codec = zstandard.ZstdDecompressor(dict_data=_dictionary(memo[base])) if base else zstandard.ZstdDecompressor()
+        _remember(memo, body_id, codec.decompress(data))
+    return memo[row["body_id"]]
+
+
+def pack(data: bytes) -> tuple[bytes, str | None]:
+    """Bytes stored on their own: zstd-compressed (encoding "zstd") unless small."""
+    if len(data) <= SMALL:
+        return data, None
+    return zstandard.ZstdCompressor(level=LEVEL).compress(data), "zstd"
+
+
+def pack_json(text: str) -> str | bytes:
+    """JSON text as a column holds it: the text, or (a BLOB) the text zstd-compressed when large."""
+    data, encoding = pack(text.encode())
+    return text if encoding is None else data
+
+
+def unpack_json(value: str | bytes) -> str | bytes:
+    """What `pack_json` stored, for json.loads (which takes the UTF-8 bytes as they are)."""
+    return value if isinstance(value, str) else unpack(value, "zstd", "a JSON column")
+
+
+def unpack(data: bytes | None, encoding: str | None, what: str) -> bytes | None:
+    """What `pack` (or the earlier writer: "zlib") stored, back."""
+    if encoding is None or data is None:
+        return data
+    if encoding == "zlib":
+        return zlib.decompress(data)
+    if encoding == "zstd":
+        return zstandard.ZstdDecompressor().decompress(data)
+    raise ValueError(f"{what}: unknown encoding {encoding!r}")
+
+
+MEMO_BODIES = 64  # a reader keeps this many decoded bodies: enough for interleaved sessions, bounded
+
+
+def _remember(memo: dict[int, bytes], body_id: int, body: bytes) -> None:
+    memo[body_id] = body
+    if len(memo) > MEMO_BODIES:
+        del memo[next(iter(memo))]

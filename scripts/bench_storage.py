@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Benchmark: capture storage at the agent shape — whole-DB bytes per unique token, before and after.
+
+Driven through the real gateway path: `polar proxy` (token-faithful, the real capture writer) in front
+of scripts/bench_upstream.py (the scripted vLLM double, real tokenizer) whose script answers every
+turn with reasoning, a short text and a tool call. --sessions clients (16) each play a Claude Code
+session over Anthropic Messages, streamed: the first request is shaped like a real Claude Code one
+(a ~18 KB system prompt in blocks, 12 tools with JSON schemas ~50 KB, thinking enabled, metadata,
+~89 KB in all), then --turns turns (30), each appending the answer the client received (thinking +
+text + tool_use, as streamed) and a ~2 KB tool_result. So what is measured is what polar writes.
+All sessions start at once unless --concurrency caps them (then one starts as another ends, as in a
+rollout; a session's first body can then be stored against an earlier session's, see bodies.py).
+
+"unique tokens" = the sum over sessions of the final context (last call's prompt + completion).
+AFTER is the database polar wrote. BEFORE is the same rows in the earlier encoding — every request
+body zlib-compressed whole, the canonical request with its tools inline, response bodies, results and
+messages uncompressed — computed from AFTER's rows (each read back through CaptureReader) into a copy. Both are
+measured after VACUUM.
+Every body is also checked to read back byte for byte as the client sent it, and reading is timed:
+every row in order, and each row alone (the longest delta chain bounds the latter).
+
+    python scripts/bench_storage.py [--sessions 16] [--turns 30] [--concurrency N] [--tokenizer DIR] [--dir DIR]
+                                    [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import random
+import sqlite3
+import sys
+import tempfile
+import time
+import zlib
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_proxy import ANTHROPIC_HEADERS, DEFAULT_TOKENIZER, command_line, start_polar, start_upstream  # noqa: E402
+
+from polar.capture.bodies import unpack_json  # noqa: E402
+from polar.capture.reader import CaptureReader  # noqa: E402
+from polar.capture.schema import STORED_BYTES, stored_bytes  # noqa: E402
+
+WORDS = ("the of to and a in is it you that for on with as are this be at or have from by not but what all when "
+         "can use tool file code user task run test read write edit command output must should never always only "
+         "each before after change project repository function error result make sure check path line return "
+         "value new old search pattern commit branch message prefer avoid explain concise answer step plan").split()
+
+
+def prose(rng: random.Random, chars: int) -> str:
+    """English-like instructions: a small vocabulary in sentences, about as compressible as real prose."""
+    out: list[str] = []
+    size = 0
+    while size < chars:
+        sentence = " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 18))).capitalize() + "."
+        out.append(sentence)
+        size += len(sentence) + 1
+    return " ".join(out)
+
+
+def tools(rng: random.Random) -> list[dict[str, Any]]:
+    """12 tools with JSON schemas, ~50 KB, as Claude Code declares them."""
+    names = ["Task", "Bash", "Glob", "Grep", "LS", "Read", "Edit", "MultiEdit", "Write", "WebFetch", "TodoWrite",
+             "WebSearch"]
+    out = []
+    for name in names:
+        props = {f"{name.lower()}_{k}": {"type": rng.choice(["string", "number", "boolean"]),
+                                         "description": prose(rng, 180)} for k in range(6)}
+        out.append({"name": name, "description": prose(rng, 3000),
+                    "input_schema": {"type": "object", "properties": props, "required": list(props)[:2],
+                                     "additionalProperties": False,
+                                     "$schema": "http://json-schema.org/draft-07/schema#"}})
+    return out
+
+
+def first_request(rng: random.Random, session: int) -> dict[str, Any]:
+    system = [{"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
+              {"type": "text", "text": prose(rng, 18_000), "cache_control": {"type": "ephemeral"}}]
+    task = prose(random.Random(f"task {session}"), 1500)
+    reminder = "<system-reminder>\n" + prose(rng, 12_000) + "\n</system-reminder>"
+    return {"model": "claude-sonnet-4-5", "max_tokens": 32000, "system": system, "tools": tools(rng),
+            "thinking": {"type": "enabled", "budget_tokens": 8000},
+            "metadata": {"user_id": f"user_bench_account_session_{session:04d}"}, "stream": True,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": reminder},
+                                                      {"type": "text", "text": task}]}]}
+
+
+def tool_output(session: int, turn: int) -> str:
+    """~2 KB of a tool's output: file listings, code, test logs — different per session and turn."""
+    rng = random.Random(f"out {session} {turn}")
+    lines = []
+    while sum(len(line) + 1 for line in lines) < 2000:
+        kind = rng.randrange(3)
+        if kind == 0:
+            lines.append(f"src/pkg_{rng.randrange(40)}/module_{rng.randrange(200)}.py:{rng.randrange(900)}: "
+                         f"def handler_{rng.randrange(10_000)}(request, *, timeout={rng.randrange(60)}):")
+        elif kind == 1:
+            lines.append(f"tests/test_{rng.randrange(300)}.py::test_case_{rng.randrange(5000)} "
+                         f"{rng.choice(['PASSED', 'FAILED', 'SKIPPED'])} [{rng.randrange(100)}%]")
+        else:
+            lines.append("    " + prose(rng, 60))
+    return "\n".join(lines)
+
+
+def script(turns: int) -> dict[str, Any]:
+    """The double's answers: every turn thinks, says a line and calls a tool."""
+    rng = random.Random("answers")
+    steps = [{"reasoning": prose(rng, 400), "content": prose(rng, 150),
+              "tool_calls": [{"name": "Bash", "arguments": {"command": f"pytest -x tests/test_{t}.py -k case_{t}",
+                                                            "description": prose(rng, 60)}}]}
+             for t in range(turns)]
+    return {"rules": [{"match": None, "steps": steps}]}
+
+
+# -- the client ------------------------------------------------------------------------------------
+
+
+def blocks_of(sse: bytes) -> list[dict[str, Any]]:
+    """The assistant content a client rebuilds from an Anthropic Messages stream, as it sends it back."""
+    blocks: list[dict[str, Any]] = []
+    partial: dict[int, str] = {}
+    for line in sse.decode().splitlines():
+        if not line.startswith("data: "):
+            continue
+        event = json.loads(line[6:])
+        if event["type"] == "content_block_start":
+            blocks.append(dict(event["content_block"]))
+        elif event["type"] == "content_block_delta":
+            block, delta = blocks[event["index"]], event["delta"]
+            if delta["type"] == "input_json_delta":
+                partial[event["index"]] = partial.get(event["index"], "") + delta["partial_json"]
+            else:
+                key = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature"}[delta["type"]]
+                block[key] = block.get(key, "") + delta[key]
+    for index, raw in partial.items():
+        blocks[index]["input"] = json.loads(raw)
+    return blocks
+
+
+async def play(client: httpx.AsyncClient, url: str, session: int, turns: int, sent: list[str]) -> None:
+    body = first_request(random.Random("claude code"), session)
+    headers = {**ANTHROPIC_HEADERS, "x-polar-session": f"bench-{session:02d}"}
+    for turn in range(turns):
+        raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        resp = await client.post(url, content=raw, headers=headers)
+        if resp.status_code != 200 or b"event: error" in resp.content:
+            raise RuntimeError(f"session {session} turn {turn}: HTTP {resp.status_code}: {resp.text[:500]}")
+        sent.append(hashlib.sha256(raw).hexdigest())
+        answer = blocks_of(resp.content)
+        uses = [b for b in answer if b["type"] == "tool_use"]
+        body["messages"] += [{"role": "assistant", "content": answer},
+                             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u["id"],
+                                                           "content": tool_output(session, turn)} for u in uses]}]
+
+
+async def drive(url: str, sessions: int, turns: int, concurrency: int) -> dict[str, list[str]]:
+    """All sessions, at most `concurrency` at a time (a new one starts when one ends, as in a rollout)."""
+    sent: dict[str, list[str]] = {f"bench-{s:02d}": [] for s in range(sessions)}
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(client: httpx.AsyncClient, s: int) -> None:
+        async with slots:
+            await play(client, url, s, turns, sent[f"bench-{s:02d}"])
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        await asyncio.gather(*(one(client, s) for s in range(sessions)))
+    return sent
+
+
+# -- measuring -------------------------------------------------------------------------------------
+
+def measure(path: Path) -> dict[str, int]:
+    """Bytes of a VACUUMed copy, and where they go."""
+    packed = path.with_suffix(".vacuumed.db")
+    packed.unlink(missing_ok=True)
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("VACUUM INTO ?", (str(packed),))
+        out = stored_bytes(conn)
+    out["whole DB"] = packed.stat().st_size
+    packed.unlink()
+    return out
+
+
+def unique_tokens(path: Path) -> int:
+    """Sum over sessions of the final context: the last call's prompt + completion."""
+    with closing(sqlite3.connect(path)) as conn:
+        return conn.execute(
+            "SELECT sum(prompt_len + completion_len) FROM calls WHERE id IN "
+            "(SELECT max(id) FROM calls WHERE status = 'ok' AND prompt_len IS NOT NULL GROUP BY session_id)"
+        ).fetchone()[0]
+
+
+def old_format(src: Path, dst: Path) -> None:
+    """`src`'s rows as the earlier writer stored them: request bodies zlib-compressed whole (as they are
+    when small), large canonical parts inline in each row, responses, results and messages as they are."""
+    dst.unlink(missing_ok=True)
+    with closing(sqlite3.connect(src)) as conn:
+        conn.execute("VACUUM INTO ?", (str(dst),))
+    rows = {r["id"]: r for r in CaptureReader(src).calls(with_tokens=False)}
+    with closing(sqlite3.connect(dst)) as conn:
+        values = {digest: text(body) for digest, body in conn.execute("SELECT hash, body FROM messages")}
+        conn.executemany("UPDATE messages SET body=? WHERE hash=?", [(v, k) for k, v in values.items()])
+        parts: set[str] = set()
+        for row_id, stored, result in conn.execute("SELECT id, canonical, result FROM calls").fetchall():
+            body = rows[row_id]["request_body"] or b""
+            zipped = len(body) > 1024  # the earlier rule: zlib above 1 KB, as it is below
+            canonical = None
+            if stored:
+                canonical = json.loads(text(stored))
+                for key in canonical.pop("part_refs", []):
+                    parts.add(canonical[key])
+                    canonical[key] = json.loads(values[canonical[key]])
+                canonical = json.dumps(canonical, ensure_ascii=False)
+            conn.execute("UPDATE calls SET request_body=?, body_encoding=?, body_id=NULL, canonical=?, result=?, "
+                         "response_body=?, response_encoding=NULL WHERE id=?",
+                         (zlib.compress(body, 1) if zipped else body, "zlib" if zipped else None, canonical,
+                          result and text(result), rows[row_id]["response_body"], row_id))
+        conn.executemany("DELETE FROM messages WHERE hash=?", [(h,) for h in parts])
+        conn.execute("DELETE FROM bodies")
+        conn.commit()
+
+
+def text(value: str | bytes) -> str:
+    """A JSON column's text, however it is stored."""
+    value = unpack_json(value)
+    return value if isinstance(value, str) else value.decode()
+
+
+def check_bodies(path: Path, sent: dict[str, list[str]]) -> None:
+    got: dict[str, list[str]] = {s: [] for s in sent}
+    for row in CaptureReader(path).calls(with_tokens=False):
+        got[row["session_id"]].append(hashlib.sha256(row["request_body"]).hexdigest())
+    if got != sent:
+        raise RuntimeError("a stored request body does not read back as the client sent it")
+
+
+def read_times(path: Path) -> str:
+    """Seconds to read every row (bodies rebuilt, canonical resolved), and the slowest row read alone."""
+    reader = CaptureReader(path)
+    t0 = time.perf_counter()
+    rows = [(r["call_id"], r["session_id"]) for r in reader.calls(with_tokens=False)]
+    scan = time.perf_counter() - t0
+    worst = 0.0
+    for call_id, session in rows:
+        t0 = time.perf_counter()
+        reader.find_call(call_id, session)
+        worst = max(worst, time.perf_counter() - t0)
+    return f"every row {scan:.2f} s, one row alone at most {worst * 1000:.1f} ms"
+
+
+def report(before: dict[str, int], after: dict[str, int], tokens: int, markdown: bool, command: str) -> None:
+    table = Table(title=f"Capture storage, {tokens:,} unique tokens", box=box.MARKDOWN if markdown else box.SIMPLE)
+    for col in ("", "before: bytes", "B/token", "after: bytes", "B/token"):
+        table.add_column(col, justify="left" if not col else "right")
+    for name in ("whole DB", *STORED_BYTES):
+        table.add_row(name, f"{before[name]:,}", f"{before[name] / tokens:.2f}", f"{after[name]:,}",
+                      f"{after[name] / tokens:.2f}")
+    Console(width=200).print(table)
+    print(f"\n{command}")
+
+
+def main(argv: list[str] | None = None) -> tuple[dict[str, int], dict[str, int], int]:
+    """(before, after, unique tokens)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, default=16)
+    ap.add_argument("--turns", type=int, default=30)
+    ap.add_argument("--concurrency", type=int, default=0, help="sessions at a time (default: all at once)")
+    ap.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
+    ap.add_argument("--dir", type=Path, help="keep the databases and logs here (default: a temporary directory)")
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "script.json").write_text(json.dumps(script(args.turns)))
+        upstream = start_upstream(work, args.tokenizer, ["--script", str(work / "script.json"),
+                                                         "--max-model-len", "262144"])
+        try:
+            proxy = start_polar(work, upstream, "NORMAL", args.tokenizer)
+            try:
+                sent = asyncio.run(drive(f"{proxy.health_url}v1/messages", args.sessions, args.turns,
+                                         args.concurrency or args.sessions))
+            finally:
+                proxy.stop()
+        finally:
+            upstream.stop()
+        db = work / "captures-normal-tokens.db"
+        check_bodies(db, sent)
+        old_format(db, work / "captures-before.db")
+        before, after, tokens = measure(work / "captures-before.db"), measure(db), unique_tokens(db)
+        reads = f"reading, before: {read_times(work / 'captures-before.db')}; after: {read_times(db)}"
+    report(before, after, tokens, args.markdown, command_line("bench_storage.py", sys.argv[1:] if argv is None else argv))
+    print(reads)
+    return before, after, tokens
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+"""Linear capture storage: request bodies delta-encoded and rebuilt byte for byte, large canonical parts
+stored once and read back unchanged, and databases written before either still read."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sqlite3
+import time
+import zlib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from polar.capture import bodies
+from polar.capture.reader import CaptureReader
+from polar.capture.records import CallEnd, CallStart, encode_messages
+from polar.capture.writer import CaptureError, CaptureWriter
+
+
+def _start(call_id: str, session: str, body: bytes) -> CallStart:
+    return CallStart(call_id=call_id, session_id=session, provider="test", endpoint="generate", path="/t", client=None,
+                     key_hash=None, request_headers={}, request_body=body, t_start=time.time())
+
+
+def _end(**fields) -> CallEnd:
+    return CallEnd(**{"status": "ok", "http_status": 200, "response_body": b"{}", "t_end": time.time(), **fields})
+
+
+def _write(writer: CaptureWriter, calls: list[CallStart], together: int = 1) -> list[int]:
+    """Each call's arrival then completion; `together` calls at once, so their writes share transactions
+    (a body then cannot be the base of another in its own transaction). Each response: its request
+    reversed, so large ones are compressed too."""
+    async def one(call: CallStart) -> int:
+        return await writer.finish(await writer.start(call), call, _end(response_body=call.request_body[::-1]))
+
+    async def run() -> list[int]:
+        ids: list[int] = []
+        for at in range(0, len(calls), together):
+            ids += await asyncio.gather(*(one(call) for call in calls[at : at + together]))
+        return ids
+
+    return asyncio.run(run())
+
+
+# One edit of the previous body: what an agent's next request does to its last one, and what it never should.
+_chunk = st.binary(min_size=0, max_size=3000)
+_edit = st.one_of(
+    st.tuples(st.just("append"), _chunk),
+    st.tuples(st.just("insert"), st.floats(0, 1), _chunk),
+    st.tuples(st.just("delete"), st.floats(0, 1), st.integers(0, 5000)),
+    st.tuples(st.just("replace"), st.floats(0, 1), _chunk),
+    st.tuples(st.just("unrelated"), st.binary(min_size=0, max_size=6000)),
+    st.tuples(st.just("empty")),
+    st.tuples(st.just("grow"), st.integers(1, 40)),  # a large, compressible append: past SMALL, deep chains
+)
+
+
+def _apply(body: bytes, edit: tuple) -> bytes:
+    kind = edit[0]
+    at = int(edit[1] * len(body)) if kind in ("insert", "delete", "replace") else 0
+    if kind == "append":
+        return body + edit[1]
+    if kind == "insert":
+        return body[:at] + edit[2] + body[at:]
+    if kind == "delete":
+        return body[:at] + body[at + edit[2]:]
+    if kind == "replace":
+        return body[:at] + edit[2] + body[at + len(edit[2]):]
+    if kind == "unrelated":
+        return edit[1]
+    if kind == "empty":
+        return b""
+    return body + b"".join(b'{"turn": %d, "text": "\xff\xfe non-UTF-8 \xc3"}' % i for i in range(edit[1] * 20))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(edits=st.lists(st.tuples(st.sampled_from("ab"), _edit), min_size=1, max_size=45), chain=st.sampled_from([2, 5, 32]),
+       together=st.integers(1, 6))
+def test_bodies_round_trip_byte_for_byte(tmp_path_factory, monkeypatch, edits, chain, together):
+    """Random edit sequences over two interleaved sessions, written one by one or several at once through
+    the real writer and read through the real reader: every body reads back exactly, alone or in a whole
+    scan, and no chain of deltas is longer than CHAIN."""
+    monkeypatch.setattr(bodies, "CHAIN", chain)
+    path = tmp_path_factory.mktemp("bodies") / "c.db"
+    writer = CaptureWriter(path)
+    last = {"a": b"", "b": b""}
+    sent: dict[str, bytes] = {}
+    calls = []
+    for i, (session, edit) in enumerate(edits):
+        last[session] = _apply(last[session], edit)
+        sent[f"c{i}"] = last[session]
+        calls.append(_start(f"c{i}", session, last[session]))
+    session_of = {call.call_id: call.session_id for call in calls}
+    _write(writer, calls, together)
+    writer.close()
+    reader = CaptureReader(path)
+    rows = {r["call_id"]: r for r in reader.calls(with_tokens=False)}
+    assert {k: r["request_body"] for k, r in rows.items()} == sent
+    assert {k: r["response_body"] for k, r in rows.items()} == {k: body[::-1] for k, body in sent.items()}
+    for call_id, body in sent.items():  # one row alone, nothing memoised
+        assert reader.find_call(call_id, session_of[call_id])["request_body"] == body
+    with reader.connect() as conn:
+        links = dict(conn.execute("SELECT id, base FROM bodies").fetchall())
+    for row_id in links:
+        depth, cur = 0, row_id
+        while links[cur] is not None:
+            depth, cur = depth + 1, links[cur]
+        assert depth < chain
+
+
+def test_bodies_are_stored_as_deltas_of_their_session(tmp_path):
+    """An agent's growing history costs its new bytes, not its whole body, on every turn."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    body, calls = b'{"system": "' + b"be careful. " * 10_000 + b'", "messages": [', []
+    for turn in range(20):
+        body += b'{"role": "user", "content": "turn %d: %s"},' % (turn, bytes(range(32, 127)) * 20)
+        calls.append(_start(f"c{turn}", "s", body))
+    _write(writer, calls)
+    writer.close()
+    conn = sqlite3.connect(tmp_path / "c.db")
+    rows = conn.execute("SELECT body_encoding, length(data) FROM calls JOIN bodies ON body_id = bodies.id "
+                        "ORDER BY calls.id").fetchall()
+    assert rows[0][0] == "zstd" and {e for e, _ in rows[1:]} == {"zstd-delta"}
+    assert max(n for _, n in rows[1:]) < 1000 < len(body) // 100
+    assert [r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)] == \
+        [c.request_body for c in calls]
+
+
+def test_a_sessions_first_body_is_a_delta_of_another_sessions_keyframe_when_smaller(tmp_path):
+    """The same system prompt and tools open every session: a new session's first body is stored against the
+    last keyframe; an unrelated one is a keyframe of its own."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    rng = random.Random(1)
+    prompt = b'{"system": "' + rng.randbytes(20_000) + b'", "messages": ['  # compresses only against itself
+    calls = [_start("a0", "a", prompt + b'"task a"]}'), _start("b0", "b", prompt + b'"task b"]}'),
+             _start("c0", "c", rng.randbytes(30_000))]
+    ids = _write(writer, calls)
+    writer.close()
+    conn = sqlite3.connect(tmp_path / "c.db")
+    rows = conn.execute("SELECT body_encoding, base, length(data) FROM calls JOIN bodies ON body_id = bodies.id "
+                        "ORDER BY calls.id").fetchall()
+    assert rows[0][:2] == ("zstd", None) and rows[2][:2] == ("zstd", None)
+    assert rows[1][:2] == ("zstd-delta", conn.execute("SELECT body_id FROM calls WHERE id=?", (ids[0],)).fetchone()[0])
+    assert rows[1][2] < 100
+    assert [r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)] == \
+        [c.request_body for c in calls]
+
+
+def test_a_megabyte_body_is_still_a_small_delta(tmp_path):
+    """Past zstd level 3's reach (~1 MB) the writer sizes its window and tables: the first bytes of a
+    1.5 MB base are still found (random bytes: nothing but the base can compress them)."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    first = random.Random(0).randbytes(1_500_000)
+    calls = [_start("c0", "s", first), _start("c1", "s", first + b"and one more turn" * 10)]
+    _write(writer, calls)
+    writer.close()
+    conn = sqlite3.connect(tmp_path / "c.db")
+    assert conn.execute("SELECT max(length(data)) FROM bodies WHERE base IS NOT NULL").fetchone()[0] < 2000
+    assert [r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)] == \
+        [c.request_body for c in calls]
+
+
+def test_a_body_whose_write_was_undone_is_no_base(tmp_path):
+    """A write that fails after its row was inserted is rolled back to its savepoint: the session's next
+    body must not reference that row (it is not there), but the last committed one."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    big = b"x" * 5000
+    first = _write(writer, [_start("ok1", "s", big)])[0]
+    real = writer._bodies.wrote
+
+    def wrote_then_fail(session, row, body, encoded):
+        real(session, row, body, encoded)
+        if body.endswith(b"y"):
+            raise RuntimeError("failed after the insert")
+
+    writer._bodies.wrote = wrote_then_fail
+    with pytest.raises(CaptureError, match="after the insert"):
+        asyncio.run(writer.finish(None, _start("bad", "s", big + b"y"), _end()))
+    second = _write(writer, [_start("ok2", "s", big + b"z")])[0]
+    writer.close()
+    _assert_based_on(tmp_path / "c.db", second, first, {"ok1": big, "ok2": big + b"z"})
+
+
+class _FailingCommit:
+    """The writer's connection, whose next COMMIT fails (as a full disk or an I/O error makes it)."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._conn, self.fail = conn, True
+
+    def execute(self, sql: str, *args):
+        if sql == "COMMIT" and self.fail:
+            self.fail = False
+            raise sqlite3.OperationalError("disk I/O error")
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+def test_a_body_whose_transaction_failed_is_no_base(tmp_path):
+    """The COMMIT fails: the bodies of that transaction are no bases; each write is retried alone, and the
+    next body references the retried row, which is there."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    big = b"x" * 5000
+    first = _write(writer, [_start("ok1", "s", big)])[0]
+    real, writer._conn = writer._conn, _FailingCommit(writer._conn)
+    retried = _write(writer, [_start("retried", "s", big + b"y")])[0]
+    writer._conn = real
+    second = _write(writer, [_start("ok2", "s", big + b"yz")])[0]
+    writer.close()
+    _assert_based_on(tmp_path / "c.db", second, retried, {"ok1": big, "retried": big + b"y", "ok2": big + b"yz"})
+    assert retried != first
+
+
+def _assert_based_on(path, row: int, base: int, bodies_sent: dict[str, bytes]) -> None:
+    conn = sqlite3.connect(path)
+    body_of = "SELECT body_id FROM calls WHERE id=?"
+    assert conn.execute(f"SELECT base FROM bodies WHERE id = ({body_of})", (row,)).fetchone()[0] == \
+        conn.execute(body_of, (base,)).fetchone()[0]
+    assert {r["call_id"]: r["request_body"] for r in CaptureReader(path).calls(with_tokens=False)} == bodies_sent
+
+
+def test_deleting_a_call_leaves_every_other_body_readable(tmp_path):
+    """Bodies are kept apart from the calls that sent them: a base's call row may go, its body stays."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    body, calls = b"x" * 5000, []
+    for turn in range(6):
+        body += b"turn %d " % turn * 50
+        calls.append(_start(f"c{turn}", "s", body))
+    _write(writer, calls)
+    writer.close()
+    with sqlite3.connect(tmp_path / "c.db") as conn:
+        conn.execute("DELETE FROM calls WHERE call_id IN ('c0', 'c3')")  # the keyframe's row and a middle one
+    rows = {r["call_id"]: r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)}
+    assert rows == {c.call_id: c.request_body for c in calls if c.call_id not in ("c0", "c3")}
+
+
+def _tools() -> list[dict]:
+    return [{"name": f"tool_{i}", "description": "does a thing " * 40,
+             "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+            for i in range(6)]
+
+
+def test_large_canonical_parts_are_stored_once_and_read_back_unchanged(tmp_path):
+    """The tools repeat on every call of every session: stored once, every row reads them back as sent,
+    in their own key order, beside small fields kept inline; a large result is compressed and reads back."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    sent, last = {}, {"a": [], "b": []}
+    for turn in range(5):
+        for session in ("a", "b"):
+            messages = [{"role": "user", "content": f"{session} {t}"} for t in range(turn + 1)]
+            canonical = {"model": "m", "messages": messages, "tools": _tools(), "sampling": {"max_tokens": 9},
+                         "metadata": {"user_id": session}}
+            end = _end(canonical=canonical, result=json.dumps({"content": f"{session} {turn} " * 400}))
+            end.message_refs, end.new_messages = encode_messages(messages, last[session])
+            last[session] = list(zip(messages, end.message_refs))
+            call = _start(f"{session}{turn}", session, b"{}")
+            asyncio.run(writer.finish(None, call, end))
+            sent[call.call_id] = canonical
+    writer.close()
+    read = list(CaptureReader(tmp_path / "c.db").calls(with_tokens=False))
+    rows = {r["call_id"]: r["canonical"] for r in read}
+    assert rows == sent
+    assert all(r["result"] == {"content": f"{r['call_id'][0]} {r['call_id'][1:]} " * 400} for r in read)
+    assert all(list(rows[k]) == [*(key for key in sent[k] if key != "messages"), "messages"] for k in rows)
+    assert all(list(t) == ["name", "description", "parameters"] for r in rows.values() for t in r["tools"])
+    conn = sqlite3.connect(tmp_path / "c.db")
+    stored = [json.loads(c) for (c,) in conn.execute("SELECT canonical FROM calls")]
+    assert all(c["part_refs"] == ["tools"] for c in stored) and len({c["tools"] for c in stored}) == 1
+    (tools,) = conn.execute("SELECT body FROM messages WHERE hash=?", (stored[0]["tools"],)).fetchone()
+    assert len(tools) < len(json.dumps(_tools())) / 3  # stored once, compressed
+    assert {t for (t,) in conn.execute("SELECT typeof(result) FROM calls")} == {"blob"}
+
+
+def test_a_database_written_before_linear_bodies_and_parts_still_reads(tmp_path):
+    """Rows as the earlier writer stored them: zlib bodies, small raw bodies, the tools inline in
+    `canonical`, no body_id column nor bodies table at all. Read-only readers see them as they always did."""
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE calls (id INTEGER PRIMARY KEY, call_id TEXT, session_id TEXT, status TEXT, "
+                 "request_headers TEXT, request_body BLOB, body_encoding TEXT, canonical TEXT, result TEXT, "
+                 "rewrites TEXT, prompt_len INTEGER, completion_ids BLOB, completion_len INTEGER, t_start REAL, t_end REAL)")
+    conn.execute("CREATE TABLE messages (hash TEXT PRIMARY KEY, body TEXT)")
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    message = {"content": "hi", "role": "user"}
+    conn.execute("INSERT INTO messages VALUES ('h1', ?)", (json.dumps(message),))
+    big = b'{"messages": [' + b'"hello", ' * 500 + b'"end"]}'
+    canonical = {"model": "m", "tools": _tools(), "message_refs": ["h1"]}
+    conn.execute("INSERT INTO calls VALUES (1, 'c1', 's', 'ok', '{}', ?, 'zlib', ?, NULL, NULL, NULL, NULL, NULL, 1.0, 2.0)",
+                 (zlib.compress(big, 1), json.dumps(canonical)))
+    conn.execute("INSERT INTO calls VALUES (2, 'c2', 's', 'ok', '{}', ?, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1.0, 2.0)",
+                 (b"{}",))
+    conn.commit()
+    conn.close()
+    rows = {r["call_id"]: r for r in CaptureReader(path).calls(with_tokens=False)}
+    assert rows["c1"]["request_body"] == big and rows["c2"]["request_body"] == b"{}"
+    assert rows["c1"]["canonical"] == {"model": "m", "tools": _tools(), "messages": [message]}
+    assert CaptureReader(path).find_call("c1", "s")["request_body"] == big

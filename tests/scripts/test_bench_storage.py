@@ -1,0 +1,24 @@
+"""scripts/bench_storage.py end to end on a tiny run through the real gateway: the table, and what it measures."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.scripts import load_script
+
+
+@pytest.mark.slow
+def test_tiny_run_measures_both_encodings(tokenizer_dir, capsys, monkeypatch, tmp_path):
+    bench = load_script(monkeypatch, "bench_storage")
+    monkeypatch.setenv("COLUMNS", "250")
+    # main() also checks that every stored body reads back as the client sent it (it raises otherwise).
+    before, after, tokens = bench.main(["--sessions", "2", "--turns", "3", "--tokenizer", str(tokenizer_dir),
+                                        "--dir", str(tmp_path), "--markdown"])
+    out = capsys.readouterr().out
+    assert "| whole DB" in out and "python scripts/bench_storage.py --sessions 2" in out
+    assert tokens > 2 * 20_000  # two sessions past the ~89 KB first request
+    # The same rows: only bodies, canonical requests, results and messages are stored differently.
+    assert before["token columns"] == after["token columns"] and after["result"] < before["result"]
+    assert after["request bodies"] < before["request bodies"] / 2 and after["canonical"] < before["canonical"] / 10
+    assert after["response_body"] < before["response_body"] / 5
+    assert after["whole DB"] < before["whole DB"]
