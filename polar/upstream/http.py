@@ -169,25 +169,49 @@ async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
     """The `data:` payloads of an upstream SSE body, one per line, as they arrive.
 
     vLLM writes one `data: …` line per event; the first chunk can hold a long prompt's token ids, past
-    aiohttp's line-length limit, hence lines joined here. Failures mid-stream become GatewayErrors.
+    aiohttp's line-length limit, hence lines joined here. Failures mid-stream become GatewayErrors, after
+    the lines that arrived before the failure (a busy loop may not have read them yet).
     """
     url = str(resp.url)
-    pending: list[bytes] = []  # the start of a line not yet ended
+    lines = _Lines()
     try:
         async for block in resp.content.iter_any():
-            start = 0
-            while (end := block.find(b"\n", start)) >= 0:
-                line = b"".join([*pending, block[start:end]]) if pending else block[start:end]
-                pending.clear()
-                start = end + 1
-                if line.startswith(b"data:"):
-                    yield line[5:].strip().decode()
-            if start < len(block):
-                pending.append(block[start:])
+            for line in lines.feed(block):
+                yield line
     except asyncio.TimeoutError:
         raise GatewayError("upstream_timeout", f"the upstream {url} went silent mid-stream") from None
     except aiohttp.ClientError as exc:
+        for line in lines.feed(_unread(resp.content)):  # whole lines only: a cut-off event is no event
+            yield line
         raise GatewayError("upstream_error", f"the upstream {url} broke off mid-stream: {type(exc).__name__}: {exc}") from None
-    line = b"".join(pending)
-    if line.startswith(b"data:"):
-        yield line[5:].strip().decode()
+    for line in lines.feed(b"\n"):
+        yield line
+
+
+class _Lines:
+    """Splits blocks of an SSE body into `data:` payloads, holding back a line not yet ended."""
+
+    def __init__(self) -> None:
+        self._pending: list[bytes] = []
+
+    def feed(self, block: bytes) -> list[str]:
+        out, start = [], 0
+        while (end := block.find(b"\n", start)) >= 0:
+            line = b"".join([*self._pending, block[start:end]]) if self._pending else block[start:end]
+            self._pending.clear()
+            start = end + 1
+            if line.startswith(b"data:"):
+                out.append(line[5:].strip().decode())
+        if start < len(block):
+            self._pending.append(block[start:])
+        return out
+
+
+def _unread(content: aiohttp.StreamReader) -> bytes:
+    """What aiohttp had received but not handed out when the connection broke: once it has an exception
+    its reads raise and drop that data, which here are tokens vLLM sampled and sent. aiohttp's private
+    buffer, read on this error path only; b"" should its shape change."""
+    buffer, offset = getattr(content, "_buffer", None), getattr(content, "_buffer_offset", 0)
+    if not buffer or not isinstance(offset, int):
+        return b""
+    return b"".join(buffer)[offset:]

@@ -315,7 +315,7 @@ SDK_ERRORS = {"anthropic": "APIStatusError", "openai_chat": "APIError", "openai_
 def test_an_upstream_that_dies_mid_stream_ends_in_the_providers_error(any_stack, api):
     stack = any_stack
     stack.script(steps=[{"content": LONG_TEXT}])
-    pace(stack, token_delay_s=0.01)  # the 5 tokens reach polar before the connection breaks (a reset drops unread data)
+    pace(stack, token_delay_s=0.01)  # the 5 tokens are sent before the connection breaks
     stack.fault(mode="die_mid_stream", after_tokens=5, count=1)
     session = session_id(api)
     if api == "openai_responses":
