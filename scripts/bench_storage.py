@@ -13,9 +13,9 @@ rollout; a session's first body can then be stored against an earlier session's,
 
 "unique tokens" = the sum over sessions of the final context (last call's prompt + completion).
 AFTER is the database polar wrote. BEFORE is the same rows in the earlier encoding — every request
-body zlib-compressed whole, the canonical request with its tools inline, response bodies, results and
-messages uncompressed — computed from AFTER's rows (each read back through CaptureReader) into a copy. Both are
-measured after VACUUM.
+body zlib-compressed whole, the canonical request with its tools inline, response bodies, results,
+messages and prompt ids uncompressed — computed from AFTER's rows (each read back through
+CaptureReader) into a copy. Both are measured after VACUUM.
 Every body is also checked to read back byte for byte as the client sent it, and reading is timed:
 every row in order, and each row alone (the longest delta chain bounds the latter).
 
@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_proxy import ANTHROPIC_HEADERS, DEFAULT_TOKENIZER, command_line, start_polar, start_upstream  # noqa: E402
 
-from polar.capture.bodies import unpack_json  # noqa: E402
+from polar.capture.bodies import unpack, unpack_json  # noqa: E402
 from polar.capture.reader import CaptureReader  # noqa: E402
 from polar.capture.schema import STORED_BYTES, stored_bytes  # noqa: E402
 
@@ -203,7 +203,8 @@ def unique_tokens(path: Path) -> int:
 
 def old_format(src: Path, dst: Path) -> None:
     """`src`'s rows as the earlier writer stored them: request bodies zlib-compressed whole (as they are
-    when small), large canonical parts inline in each row, responses, results and messages as they are."""
+    when small), large canonical parts inline in each row, responses, results, messages and prompt ids
+    as they are."""
     dst.unlink(missing_ok=True)
     with closing(sqlite3.connect(src)) as conn:
         conn.execute("VACUUM INTO ?", (str(dst),))
@@ -226,6 +227,9 @@ def old_format(src: Path, dst: Path) -> None:
                          "response_body=?, response_encoding=NULL WHERE id=?",
                          (zlib.compress(body, 1) if zipped else body, "zlib" if zipped else None, canonical,
                           result and text(result), rows[row_id]["response_body"], row_id))
+        suffixes = conn.execute("SELECT id, prompt_suffix, prompt_encoding FROM calls WHERE prompt_encoding IS NOT NULL")
+        conn.executemany("UPDATE calls SET prompt_suffix=?, prompt_encoding=NULL WHERE id=?",
+                         [(unpack(suffix, encoding, "a prompt suffix"), row_id) for row_id, suffix, encoding in suffixes])
         conn.executemany("DELETE FROM messages WHERE hash=?", [(h,) for h in parts])
         conn.execute("DELETE FROM bodies")
         conn.commit()

@@ -24,6 +24,9 @@ from polar.sqlite_files import open_readonly
 _EMPTY = np.zeros(0, dtype="<u4")
 
 
+_LINEAGE = "SELECT prompt_parent, prompt_prefix_len, prompt_suffix, {encoding}, completion_ids FROM calls WHERE id=?"
+
+
 class CaptureReader:
     """A capture database opened for reading. Each method opens its own short-lived connection, so one
     reader may be shared across threads."""
@@ -52,12 +55,14 @@ class CaptureReader:
         chain: list[tuple[int, int, bytes, bytes]] = []
         cur: int | None = row_id
         while cur is not None and cur not in memo:
-            found = conn.execute(
-                "SELECT prompt_parent, prompt_prefix_len, prompt_suffix, completion_ids FROM calls WHERE id=?", (cur,)
-            ).fetchone()
+            try:
+                found = conn.execute(_LINEAGE.format(encoding="prompt_encoding"), (cur,)).fetchone()
+            except sqlite3.OperationalError:  # a database from before prompt_encoding: every suffix as it is
+                found = conn.execute(_LINEAGE.format(encoding="NULL"), (cur,)).fetchone()
             if found is None:
                 raise LookupError(f"capture row {cur} (in the prompt lineage of row {row_id}) is missing")
-            parent, prefix_len, suffix, completion = found
+            parent, prefix_len, suffix, encoding, completion = found
+            suffix = unpack(suffix, encoding, f"capture row {cur}'s prompt ids")
             chain.append((cur, prefix_len or 0, suffix or b"", completion or b""))
             cur = parent if prefix_len else None
         for rid, prefix_len, suffix, completion in reversed(chain):

@@ -61,10 +61,12 @@ class TokenRecord:
 
     def columns(self) -> dict[str, Any]:
         prompt = as_ids(self.prompt_ids)
+        suffix, encoding = pack(prompt[self.lineage.prefix_len :].tobytes())
         return {
             "prompt_parent": self.lineage.parent,
             "prompt_prefix_len": self.lineage.prefix_len,
-            "prompt_suffix": prompt[self.lineage.prefix_len :].tobytes(),
+            "prompt_suffix": suffix,
+            "prompt_encoding": encoding,
             "prompt_len": len(prompt),
             "completion_ids": as_ids(self.completion_ids).tobytes(),
             "completion_logprobs": None if self.logprobs is None else pack_logprobs(self.logprobs),

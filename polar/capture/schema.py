@@ -41,7 +41,8 @@ CALLS: dict[str, Any] = {
     "response_encoding": str,  # NULL (as is) or zstd (bodies.pack): a streamed answer's events compress ~14x
     "prompt_parent": int,  # row whose prompt+completion holds the first prompt_prefix_len ids
     "prompt_prefix_len": int,
-    "prompt_suffix": bytes,
+    "prompt_suffix": bytes,  # uint32 ids: as they are, or zstd (bodies.pack) when over 1 KB
+    "prompt_encoding": str,  # NULL or zstd: a turn's new ids (tool output, files) compress ~3x
     "prompt_len": int,
     "completion_ids": bytes,
     "completion_logprobs": bytes,  # NULL when the upstream returned none (never invented zeros)

@@ -278,3 +278,34 @@ def test_a_lock_held_past_the_busy_timeout_fails_the_group_once_then_recovers(tm
     asyncio.run(writer.finish(None, _start("after"), _end()))
     writer.close()
     assert set(_rows(db)) == {"after"}
+
+
+def test_a_long_prompt_suffix_is_stored_compressed_and_reads_back_exactly(tmp_path):
+    """A turn's new ids past 1 KB (tool output, a file) are zstd-compressed; ids read back exact, small
+    suffixes stay as they are."""
+    rng = random.Random(7)
+    rec = Recorder(tmp_path / "c.db")
+    prompt = [rng.randrange(151_000) for _ in range(3000)]  # any uint32 id, repetitive text or not
+    first = rec.call("s1", prompt, [1, 2, 3])
+    second_prompt = prompt + [1, 2, 3] + [42] * 10  # 10 new ids: stored as they are
+    second = rec.call("s1", second_prompt, [4])
+    conn = sqlite3.connect(tmp_path / "c.db")
+    stored = dict(conn.execute("SELECT id, prompt_encoding FROM calls"))
+    assert stored == {first: "zstd", second: None}
+    by_id = {r["id"]: r for r in rec.reader.calls(session="s1")}
+    assert by_id[first]["prompt_ids"] == prompt and by_id[second]["prompt_ids"] == second_prompt
+    rec.close()
+
+
+def test_a_database_from_before_prompt_encoding_reads_its_token_ids(tmp_path):
+    rec = Recorder(tmp_path / "c.db")
+    prompt = list(range(2000))
+    rec.call("s1", prompt, [7, 8])
+    rec.close()
+    conn = sqlite3.connect(tmp_path / "c.db")  # as the earlier writer stored it: raw ids, no such column
+    conn.execute("UPDATE calls SET prompt_suffix=?", (pack_ids(prompt),))
+    conn.execute("ALTER TABLE calls DROP COLUMN prompt_encoding")
+    conn.commit()
+    conn.close()
+    (row,) = CaptureReader(tmp_path / "c.db").calls(session="s1")
+    assert row["prompt_ids"] == prompt and row["completion_ids"] == [7, 8]

@@ -17,8 +17,8 @@ def test_tiny_run_measures_both_encodings(tokenizer_dir, capsys, monkeypatch, tm
     out = capsys.readouterr().out
     assert "| whole DB" in out and "python scripts/bench_storage.py --sessions 2" in out
     assert tokens > 2 * 20_000  # two sessions past the ~89 KB first request
-    # The same rows: only bodies, canonical requests, results and messages are stored differently.
-    assert before["token columns"] == after["token columns"] and after["result"] < before["result"]
+    # The same rows, stored differently: bodies, canonical requests, results, messages and prompt ids.
+    assert after["token columns"] < before["token columns"] / 2 and after["result"] < before["result"]
     assert after["request bodies"] < before["request bodies"] / 2 and after["canonical"] < before["canonical"] / 10
     assert after["response_body"] < before["response_body"] / 5
     assert after["whole DB"] < before["whole DB"]
