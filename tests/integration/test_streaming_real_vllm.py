@@ -86,8 +86,8 @@ def test_a_client_that_leaves_frees_the_engine(template_vllm, start_polar, mode)
         seen = 0
         for line in r.iter_lines():
             seen += line.startswith("event: content_block_delta")
-            if seen >= 10:
-                break  # leave while vLLM is still sampling
+            if seen >= 2:
+                break  # leave while vLLM is still sampling (its greedy answer here is ~110 tokens, sampled in < 1 s)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and vllm_metrics(template_vllm.url)["running"] > 0:
         time.sleep(0.2)
@@ -99,4 +99,4 @@ def test_a_client_that_leaves_frees_the_engine(template_vllm, start_polar, mode)
     assert after["generated"] == settled["generated"] and generated < max_tokens / 4, (before, settled, after)
     (row,) = polar.rows(session)
     assert row["status"] == "client_disconnected" and row["finish_reason"] == "abort"
-    assert 10 <= row["completion_len"] <= generated and len(row["completion_logprobs"]) == row["completion_len"]
+    assert 2 <= row["completion_len"] <= generated and len(row["completion_logprobs"]) == row["completion_len"]

@@ -56,7 +56,8 @@ class Tap:
         self.edit = edit  # (path, answer JSON) → the answer JSON polar gets
         self.url = ""  # set once it listens
         self._exchanges: list[Exchange] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._streaming = 0  # streams relayed and not yet recorded
         self.app = Starlette(routes=[Route("/{path:path}", self.relay, methods=["GET", "POST", "HEAD", "DELETE"])])
 
     async def relay(self, request: Request) -> Response:
@@ -89,23 +90,33 @@ class Tap:
         received: list[bytes] = []
 
         async def relay():
+            with self._lock:  # counted once it runs: a body never started is never recorded either
+                self._streaming += 1
             try:
                 async for data in answer.aiter_raw():
                     received.append(data)
                     yield data
             finally:
-                await answer.aclose()
-                await client.aclose()
-                raw = b"".join(received)
-                answered = stream_answer(raw) if answer.status_code == 200 else _json(raw)
-                with self._lock:
-                    self._exchanges.append(Exchange(request.method, request.url.path, _json(body), answer.status_code,
-                                                    answered))
+                try:
+                    await answer.aclose()
+                    await client.aclose()
+                    raw = b"".join(received)
+                    answered = stream_answer(raw) if answer.status_code == 200 else _json(raw)
+                    with self._lock:
+                        self._exchanges.append(Exchange(request.method, request.url.path, _json(body),
+                                                        answer.status_code, answered))
+                finally:
+                    with self._lock:
+                        self._streaming -= 1
+                        self._lock.notify_all()
 
         return StreamingResponse(relay(), status_code=answer.status_code, headers=kept)
 
-    def exchanges(self) -> list[Exchange]:
+    def exchanges(self, wait: float = 10.0) -> list[Exchange]:
+        """What was recorded, once every stream relayed so far has ended (up to `wait` s): polar may answer
+        its client on the stream's last event, before the upstream's connection has closed behind it."""
         with self._lock:
+            self._lock.wait_for(lambda: self._streaming == 0, timeout=wait)
             return list(self._exchanges)
 
     def model_calls(self) -> list[Exchange]:
