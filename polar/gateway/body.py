@@ -1,9 +1,11 @@
 """A model call's body → JSON, with the limits checked before the decoder sees it.
 
 Size, content type and nesting depth are refused as client errors (the caller's provider renders
-them). Depth is measured on the text, strings blanked, before `json.loads`: the C decoder recurses
-once per level, and a body that decodes near Python's recursion limit would still crash the
-recursive code after it (validation, capture encoding, templates) as a 500.
+them). Depth is measured on the decoded value, container by container: a body that decodes near
+Python's recursion limit would still crash the recursive code after it (validation, capture
+encoding, templates) as a 500, and the C decoder itself raises RecursionError on deeper ones. Walking
+the decoded containers costs a fraction of decoding; measuring on the text (strings blanked by a
+regex) cost 4x the decode of an agent's 400 KB body.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from polar.errors import GatewayError
 
 MAX_DEPTH = 128  # far beyond any real request (tool schemas nest a few dozen levels at most)
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string literal, escapes included
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # \ud800-\udfff: paired (an emoji) or not
 
 
@@ -32,12 +32,15 @@ def decode_json(body: bytes, content_type: str | None, max_bytes: int, max_depth
         text = body.decode(json.detect_encoding(body))  # strict: no lone surrogates from raw bytes
     except UnicodeDecodeError as exc:
         raise GatewayError("invalid_request", f"request body is not valid JSON: {exc}") from None
-    if too_deep(text, max_depth):
-        raise GatewayError("invalid_request", f"request body nests JSON too deeply (more than {max_depth} levels)")
+    too_deep = GatewayError("invalid_request", f"request body nests JSON too deeply (more than {max_depth} levels)")
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise GatewayError("invalid_request", f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise too_deep from None
+    if nests_deeper(value, max_depth):
+        raise too_deep
     if _SURROGATE_ESCAPE.search(text):
         check_surrogates(value)
     return value
@@ -61,13 +64,12 @@ def check_content_type(content_type: str | None) -> None:
                                               "send the request body as application/json", status=415)
 
 
-def too_deep(text: str, limit: int) -> bool:
-    """Whether arrays and objects nest more than `limit` levels in `text` (brackets inside strings do not count)."""
-    if text.count("[") + text.count("{") <= limit:  # the common case, at C speed
-        return False
-    depth = 0
-    for ch in _NOT_BRACKET.sub("", _STRING.sub("", text)):
-        depth += 1 if ch in "[{" else -1
-        if depth > limit:
-            return True
-    return False
+def nests_deeper(value: Any, limit: int) -> bool:
+    """Whether arrays and objects in `value` nest more than `limit` levels (level by level, no recursion)."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    for _ in range(limit):
+        if not level:
+            return False
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(child, (dict, list))]
+    return bool(level)

@@ -28,6 +28,9 @@ def invalid(message: str, param: str | None = None) -> GatewayError:
 
 def expect(value: Any, typ: Types, where: str) -> Any:
     """`value`, found at `where`, when it has the JSON type `typ` (a boolean is not a number)."""
+    kind = type(value)
+    if kind is typ or (kind is not bool and type(typ) is tuple and kind in typ):  # the common case, quickly
+        return value
     types = typ if isinstance(typ, tuple) else (typ,)
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         names = " or ".join(_NAMES.get(t, t.__name__) for t in types)
@@ -43,8 +46,13 @@ def body_object(body: Any) -> dict:
 
 
 def _name(body: dict, key: Key) -> str:
-    names = [key] if isinstance(key, str) else list(key)
-    return next((n for n in names if body.get(n) is not None), names[0])
+    if isinstance(key, str):
+        return key
+    return next((n for n in key if body.get(n) is not None), key[0])
+
+
+# Every block of every message is checked on every call (a turn re-sends the whole history), so the
+# common case — present, of the right type — builds no path string and calls nothing further.
 
 
 def require(body: dict, key: Key, typ: Types, where: str = "") -> Any:
@@ -52,9 +60,12 @@ def require(body: dict, key: Key, typ: Types, where: str = "") -> Any:
     if not isinstance(body, dict):
         raise invalid(f"field '{where.rstrip('.') or 'request body'}' must be an object", where.rstrip(".") or None)
     name = _name(body, key)
-    if body.get(name) is None:
+    value = body.get(name)
+    if value is None:
         raise invalid(f"missing required field '{where}{name}'", f"{where}{name}")
-    return expect(body[name], typ, f"{where}{name}")
+    if type(value) is typ:  # the common case, without building the path
+        return value
+    return expect(value, typ, f"{where}{name}")
 
 
 def optional(body: dict, key: Key, typ: Types, where: str = "", default: Any = None) -> Any:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+import orjson
+
 from polar.canonical import ChatRequest, ChatResult, Message, TextPart, ToolCall
 
 
@@ -33,13 +35,23 @@ def message_fingerprint(msg: Message) -> str:
     else:
         key = [msg.role, msg.text(), msg.tool_call_id, msg.is_error,
                [p.model_dump() for p in msg.content if p.type != "text"]]
-    return hashlib.blake2b(json.dumps(key, sort_keys=True, ensure_ascii=False).encode(), digest_size=16).hexdigest()
+    return _digest(key)
+
+
+def _digest(key: list) -> str:
+    # Every message of every request is fingerprinted: orjson serialises ~3x faster than json. It refuses
+    # integers beyond 64 bits (valid in tool arguments), which json then serialises. Fingerprints are never
+    # stored, so the two serialisations need not agree.
+    try:
+        text = orjson.dumps(key, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        text = json.dumps(key, sort_keys=True, ensure_ascii=False).encode()
+    return hashlib.blake2b(text, digest_size=16).hexdigest()
 
 
 def request_context_key(request: ChatRequest) -> str:
     """What must not change between turns for a prefix to be reusable: tools and thinking mode."""
-    key = [[t.model_dump() for t in request.tools], request.thinking.enabled]
-    return hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=16).hexdigest()
+    return _digest([[t.model_dump() for t in request.tools], request.thinking.enabled])
 
 
 def answer_message(result: ChatResult) -> Message:

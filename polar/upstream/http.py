@@ -12,10 +12,21 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import orjson
 
 from polar.errors import GatewayError
 
 _CONTEXT_MARKERS = ("maximum context length", "context length", "too long", "max_model_len", "maximum model length")
+
+
+def request_json(body: Any) -> str:
+    """A request body as compact JSON. A token-in prompt is the whole context as ids, re-sent every turn
+    (100k+ numbers at agent size): orjson writes them ~10x faster than json, numpy arrays included.
+    Integers beyond 64 bits (a client's seed) fall back to json."""
+    try:
+        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
 class UpstreamHTTP:
@@ -37,7 +48,7 @@ class UpstreamHTTP:
                 # Below uvicorn's (and so vLLM's) 5 s keep-alive: never reuse a socket the server
                 # is about to close.
                 connector=aiohttp.TCPConnector(limit=self._max_connections, ttl_dns_cache=300, keepalive_timeout=3),
-                json_serialize=lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":")),
+                json_serialize=request_json,
             )
         return self._session
 
