@@ -130,8 +130,9 @@ def status(server, token) -> None:
 
 
 def unhealthy_lines(status: dict) -> list[str]:
-    """One line per node the service cannot hear: since when and why."""
-    return [f"node {n.get('node')} unhealthy since {n.get('unhealthy_since')} ({n.get('failures')} failures): "
+    """One line per node the service cannot hear (or has lost for good): since when and why."""
+    return [f"node {n.get('node')} lost since {n.get('unhealthy_since')}: {n.get('last_error')}" if n.get("lost")
+            else f"node {n.get('node')} unhealthy since {n.get('unhealthy_since')} ({n.get('failures')} failures): "
             f"{n.get('last_error')}" for n in status.get("nodes", []) if n.get("healthy") is False]
 
 
