@@ -72,7 +72,7 @@ def _attempts(state_path) -> dict[str, int]:
     return {session_id: attempt for session_id, attempt in rows if attempt}
 
 
-def test_a_dead_machine_s_sessions_move_at_once_and_every_result_arrives_once(cluster, tmp_path, caplog):
+def test_simulated_sessions_of_a_dead_machine_move_at_once_and_every_result_arrives_once(cluster, tmp_path, caplog):
     """Three machines, simulated sessions, the trainer on the HTTP API; one worker machine dies after
     it has reported some results and while it runs others."""
     from polar.rollout.client import RolloutClient
@@ -154,7 +154,7 @@ def _integrity(db) -> str:
         conn.close()
 
 
-def test_a_dead_gateway_machine_keeps_its_captures_and_its_sessions_finish_elsewhere(
+def test_gateway_sessions_of_a_dead_machine_finish_elsewhere_and_its_captures_survive(
         cluster, double_server, tokenizer_dir, tmp_path, caplog):
     """Two machines, each a gateway actor (its own polar, capturing into its own database) running
     sessions that make real model calls a few seconds apart; the worker machine dies between them."""
