@@ -117,9 +117,8 @@ class RayNode:
         try:
             return await ref
         except RayActorError as exc:
-            if await self._gone(exc):
-                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                raise NodeLost(f"actor {self.name}: {type(exc).__name__}: {first_line}") from exc
+            if await self._gone(exc):  # Ray's messages run to many lines: the first says what happened
+                raise NodeLost(": ".join([f"actor {self.name}", type(exc).__name__, *str(exc).splitlines()[:1]])) from exc
             raise
 
     async def _gone(self, exc: RayActorError) -> bool:

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -259,7 +259,7 @@ class RolloutService:
         """Nodes not lost for good (healthy or not)."""
         return [node for node in self.nodes if not self._health[id(node)].lost]
 
-    async def _on_live(self, call) -> list[Any]:
+    async def _on_live(self, call: Callable[[NodeHandle], Awaitable[Any]]) -> list[Any]:
         """`call(node)` on every live node; one found lost on the way is evacuated, not raised."""
         answers = []
         for node in self._live():
@@ -364,8 +364,9 @@ class RolloutService:
                 self._new_result.notify_all()
 
     def _persist(self, node: NodeHandle, events: list[tuple[str, Any]]) -> list[str]:
-        if self._health[id(node)].lost:  # read before it was lost; its sessions have moved
-            log.info("node %s: ignoring %d events from it, lost", node.name, len(events))
+        if self._health[id(node)].lost:  # heard after it was lost: its sessions have moved
+            if events:
+                log.info("node %s: ignoring %d events from it, lost", node.name, len(events))
             return []
         finished = []
         for kind, payload in events:

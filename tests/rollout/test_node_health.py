@@ -49,11 +49,14 @@ class DeafNode(LocalNode):
 
 class DyingNode(LocalNode):
     """A node double that dies for good when `dead` is set: every call raises `NodeLost`, as a Ray
-    actor's does once its machine is gone. Its simulated sessions run on, unheard."""
+    actor's does once its machine is gone. Its simulated sessions run on, unheard. With `late`, its
+    event stream answers only once a session has a result, so the call under way when it dies answers
+    after: a report heard from a node already lost."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, late: bool = False):
         super().__init__(GatewayNode(SimulatedPhases(SCALE), NodeConfig(name=name, running_slots=4)))
         self.dead = False
+        self.late = late
         self.calls_after_death = 0
 
     async def _check(self) -> None:
@@ -62,6 +65,11 @@ class DyingNode(LocalNode):
             raise NodeLost(f"{self.name}: actor died")
 
     async def events(self, timeout: float):
+        if self.late:
+            heard: list = []
+            while not any(kind == "result" for kind, _ in heard):
+                heard += await super().events(timeout)
+            return heard
         await self._check()
         return await super().events(timeout)
 
@@ -227,3 +235,30 @@ def test_with_every_node_lost_new_sessions_fail_at_once(tmp_path):
     assert all(r.error.startswith("node only lost since") and r.error.endswith("no healthy node to requeue it on")
                for r in results[:2])
     assert results[2].error == "no node left: every node is lost" and results[2].node is None
+
+
+def test_what_a_lost_node_says_after_it_was_lost_is_ignored(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="polar.rollout.service")
+
+    async def main():
+        dying, good = DyingNode("dying", late=True), DyingNode("good")
+        service = RolloutService(RolloutState(tmp_path / "r.db"), [dying, good], node_grace=60)
+        await service.start()
+        try:
+            (first,) = await service.submit([_task("t", 2, run=100)])  # one on each node
+            await asyncio.sleep(0.2)  # the service is waiting on `dying`'s stream
+            dying.dead = True
+            (second,) = await service.submit([_task("u", 1, run=1)])  # tried on `dying` first: lost there
+            results = await first_results(service, 3, timeout=10)
+            await asyncio.sleep(1.5)  # `dying` finishes its own run of t meanwhile, and reports it: too late
+            return first, second, results, await service.status()
+        finally:
+            await service.close()
+
+    first, second, results, status = asyncio.run(main())
+    assert sorted(r.session_id for r in results) == sorted(first["sessions"] + second["sessions"])
+    assert {(r.outcome, r.node) for r in results} == {("ok", "good")}
+    assert status["outcomes"] == {"ok": 3} and status["lost_nodes"] == ["dying"]
+    ignored = [r.getMessage() for r in caplog.records if "node dying: ignoring" in r.getMessage()]
+    assert len(ignored) == 1 and ignored[0].endswith("events from it, lost")
+    assert len(RolloutState(tmp_path / "r.db").all_results()) == 3
