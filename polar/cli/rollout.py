@@ -44,7 +44,8 @@ def rollout() -> None:
 @click.option("--allow-open-egress", is_flag=True, envvar="POLAR_ALLOW_OPEN_EGRESS",
               help="Run docker sandboxes even if their host-port lock (iptables) cannot be installed.")
 @click.option("--node-grace", default=60.0, show_default=True, type=float,
-              help="Seconds a node's event stream may keep failing before its sessions move to healthy nodes.")
+              help="Seconds a node's event stream may keep failing before its sessions move to healthy nodes "
+                   "(a Ray machine that died moves them at once).")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
               help="Run the nodes as Ray actors on this cluster ('auto': the one this machine belongs to).")
 @click.option("--ray-per-node", default=1, show_default=True, type=int, help="Node actors per Ray machine.")
@@ -130,8 +131,9 @@ def status(server, token) -> None:
 
 
 def unhealthy_lines(status: dict) -> list[str]:
-    """One line per node the service cannot hear: since when and why."""
-    return [f"node {n.get('node')} unhealthy since {n.get('unhealthy_since')} ({n.get('failures')} failures): "
+    """One line per node the service cannot hear (or has lost for good): since when and why."""
+    return [f"node {n.get('node')} lost since {n.get('unhealthy_since')}: {n.get('last_error')}" if n.get("lost")
+            else f"node {n.get('node')} unhealthy since {n.get('unhealthy_since')} ({n.get('failures')} failures): "
             f"{n.get('last_error')}" for n in status.get("nodes", []) if n.get("healthy") is False]
 
 

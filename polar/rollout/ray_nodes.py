@@ -6,6 +6,10 @@ rollout server talks to it only through `RayNode`, the `NodeHandle` over actor c
 placement (one actor per alive node, pinned there, with the resources it declares) and the
 transport: there is no cluster protocol of polar's own.
 
+A machine that dies takes its actor with it for good (pinned there, never restarted): once Ray says
+so, `RayNode` raises `NodeLost` and the service moves the node's sessions at once. Until then
+(Ray's failure detector takes ~15 s by default) its errors are transient ones, retried and graced.
+
 `phases` picks what the node runs: {"kind": "gateway", "upstream": url, "db": path, …} for real
 sessions (add "docker": true for the docker runtime, "allow_open_egress": true to run it without
 its host-port lock), {"kind": "simulated", "scale": s} for dry
@@ -14,15 +18,17 @@ runs and tests.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import ActorDiedError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from polar.rollout.node import GatewayNode, NodeConfig
-from polar.rollout.service import pending_calls
+from polar.rollout.service import NodeLost, pending_calls
 from polar.rollout.tasks import SessionResult, SessionSpec
 
 
@@ -100,32 +106,50 @@ class NodeActor:
 
 
 class RayNode:
-    """The service's handle on one `NodeActor`."""
+    """The service's handle on one `NodeActor`, pinned to the Ray machine `node_id`."""
 
-    def __init__(self, actor: Any, name: str):
+    def __init__(self, actor: Any, name: str, node_id: str | None = None):
         self.actor = actor
         self.name = name
+        self.node_id = node_id
+
+    async def _call(self, ref: Any) -> Any:
+        try:
+            return await ref
+        except RayActorError as exc:
+            if await self._gone(exc):  # Ray's messages run to many lines: the first says what happened
+                raise NodeLost(": ".join([f"actor {self.name}", type(exc).__name__, *str(exc).splitlines()[:1]])) from exc
+            raise
+
+    async def _gone(self, exc: RayActorError) -> bool:
+        """Dead for good: Ray says the actor died (it is never restarted), or its machine left the cluster."""
+        if isinstance(exc, ActorDiedError):
+            return True
+        if self.node_id is None:
+            return False
+        nodes = await asyncio.to_thread(ray.nodes)  # the cluster's view, from its control store
+        return not any(n["NodeID"] == self.node_id and n["Alive"] for n in nodes)
 
     async def submit(self, spec: SessionSpec) -> None:
-        await self.actor.submit.remote(spec.model_dump(mode="json"))
+        await self._call(self.actor.submit.remote(spec.model_dump(mode="json")))
 
     async def cancel(self, session_ids: list[str]) -> None:
-        await self.actor.cancel.remote(session_ids)
+        await self._call(self.actor.cancel.remote(session_ids))
 
     async def pause(self) -> None:
-        await self.actor.pause.remote()
+        await self._call(self.actor.pause.remote())
 
     async def resume(self, policy_version: int | None) -> None:
-        await self.actor.resume.remote(policy_version)
+        await self._call(self.actor.resume.remote(policy_version))
 
     async def in_flight_calls(self) -> int:
-        return await self.actor.in_flight_calls.remote()
+        return await self._call(self.actor.in_flight_calls.remote())
 
     async def events(self, timeout: float) -> list[tuple[str, Any]]:
-        return await self.actor.events.remote(timeout)
+        return await self._call(self.actor.events.remote(timeout))
 
     async def stats(self) -> dict[str, Any]:
-        return await self.actor.stats.remote()
+        return await self._call(self.actor.stats.remote())
 
     async def close(self) -> None:
         try:
@@ -150,5 +174,5 @@ def launch_nodes(config: NodeConfig, phases: dict[str, Any], resources: dict[str
                 name=name, **declared,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(machine["NodeID"], soft=False),
             ).remote(asdict(NodeConfig(**{**asdict(config), "name": name})), phases)
-            handles.append(RayNode(actor, name))
+            handles.append(RayNode(actor, name, machine["NodeID"]))
     return handles

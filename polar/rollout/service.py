@@ -11,6 +11,10 @@ as unhealthy in `status()` (last error, since when). Once it has been unhealthy 
 seconds, its unfinished sessions start again as new attempts on healthy nodes, or fail with the
 cause when there is none; anything it reports later about them is ignored. A node whose stream
 recovers is healthy again.
+
+A node that is gone for good (its handle raises `NodeLost`: a Ray actor whose machine died) will not
+recover, so there is no grace period: its unfinished sessions move at once, the service stops
+listening to it and never dispatches to it again, and `status()` shows it lost.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,7 +37,14 @@ log = logging.getLogger("polar.rollout.service")
 _CALL_TIMEOUT_S = 5.0  # for calls to a node that may not answer (status, cancelling what it lost)
 
 
+class NodeLost(Exception):
+    """Raised by a node handle whose node will never answer again (its process or machine died for
+    good), as opposed to a failure worth retrying: the service then moves its sessions at once."""
+
+
 class NodeHandle(Protocol):
+    """A node the service dispatches to. Any call may raise `NodeLost`; other errors are transient."""
+
     name: str
 
     async def submit(self, spec: SessionSpec) -> None: ...
@@ -136,11 +147,10 @@ class RolloutService:
 
     async def start(self) -> None:
         """Resume where a previous run stopped: settings, then every unfinished session."""
-        for node in self.nodes:
-            await node.resume(self.policy_version)
-            if self.paused:
-                await node.pause()
-        self._pumps = [asyncio.create_task(self._pump(node), name=f"pump-{node.name}") for node in self.nodes]
+        await self._on_live(lambda node: node.resume(self.policy_version))
+        if self.paused:
+            await self._on_live(lambda node: node.pause())
+        self._pumps = [asyncio.create_task(self._pump(node), name=f"pump-{node.name}") for node in self._live()]
         for spec in self.state.requeue():
             await self._dispatch(spec)
 
@@ -148,8 +158,11 @@ class RolloutService:
         for pump in self._pumps:
             pump.cancel()
         await asyncio.gather(*self._pumps, return_exceptions=True)
-        for node in self.nodes:
-            await node.close()
+        for node in self._live():  # a lost node's processes are gone with it
+            try:
+                await node.close()
+            except Exception as exc:  # one node failing to stop must not keep the others running
+                log.warning("node %s: could not close it: %s", node.name, exc)
 
     # -- trainer API -----------------------------------------------------------------------
 
@@ -196,7 +209,7 @@ class RolloutService:
 
     async def cancel(self, task_id: str) -> int:
         session_ids = self.state.cancel_task(task_id)
-        for node in self.nodes:  # every node: a session may yet move to one that does not run it now
+        for node in self._live():  # every node: a session may yet move to one that does not run it now
             try:
                 await asyncio.wait_for(node.cancel(session_ids), _CALL_TIMEOUT_S)
             except Exception as exc:  # an unhealthy node must not keep the others from hearing it
@@ -208,10 +221,9 @@ class RolloutService:
         self.state.put("paused", "1")
         if policy_version is not None:
             self.state.put("policy_version", str(policy_version))
-        for node in self.nodes:
-            await node.pause()
+        await self._on_live(lambda node: node.pause())
         deadline = time.monotonic() + drain_timeout
-        while (in_flight := sum([await node.in_flight_calls() for node in self.nodes])) and time.monotonic() < deadline:
+        while (in_flight := sum(await self._on_live(lambda node: node.in_flight_calls()))) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         return {"paused": True, "in_flight_calls": in_flight, "policy_version": self.policy_version}
 
@@ -219,21 +231,23 @@ class RolloutService:
         if policy_version is not None:
             self.state.put("policy_version", str(policy_version))
         self.state.put("paused", "0")
-        for node in self.nodes:
-            await node.resume(self.policy_version)
+        await self._on_live(lambda node: node.resume(self.policy_version))
         return {"paused": False, "policy_version": self.policy_version}
 
     async def status(self) -> dict[str, Any]:
         nodes = [await self._node_status(node) for node in self.nodes]
         return {**self.state.counts(), "policy_version": self.policy_version, "paused": self.paused,
                 "uptime": time.time() - self.started, "nodes": nodes,
-                "unhealthy_nodes": [n["node"] for n in nodes if not n["healthy"]]}
+                "unhealthy_nodes": [n["node"] for n in nodes if not n["healthy"]],
+                "lost_nodes": [n["node"] for n in nodes if n["lost"]]}
 
     async def _node_status(self, node: NodeHandle) -> dict[str, Any]:
-        try:
-            stats = await asyncio.wait_for(node.stats(), _CALL_TIMEOUT_S)
-        except Exception as exc:  # an unreachable node still has a line in the status
-            stats = {"stats_error": f"{type(exc).__name__}: {exc}"}
+        stats: dict[str, Any] = {}
+        if not self._health[id(node)].lost:  # nothing to ask a lost node
+            try:
+                stats = await asyncio.wait_for(node.stats(), _CALL_TIMEOUT_S)
+            except Exception as exc:  # an unreachable node still has a line in the status
+                stats = {"stats_error": f"{type(exc).__name__}: {exc}"}
         return {**stats, "node": node.name, **self._health[id(node)].as_dict()}
 
     # -- internals -------------------------------------------------------------------------
@@ -241,20 +255,46 @@ class RolloutService:
     def _healthy(self) -> list[NodeHandle]:
         return [node for node in self.nodes if self._health[id(node)].healthy]
 
+    def _live(self) -> list[NodeHandle]:
+        """Nodes not lost for good (healthy or not)."""
+        return [node for node in self.nodes if not self._health[id(node)].lost]
+
+    async def _on_live(self, call: Callable[[NodeHandle], Awaitable[Any]]) -> list[Any]:
+        """`call(node)` on every live node; one found lost on the way is evacuated, not raised."""
+        answers = []
+        for node in self._live():
+            try:
+                answers.append(await call(node))
+            except NodeLost as exc:
+                await self._lose(node, exc)
+        return answers
+
     async def _dispatch(self, spec: SessionSpec) -> None:
-        load = Counter(id(owner) for owner in self._owner.values())
-        # With no healthy node, one is picked anyway: its grace period requeues or fails the session.
-        node = min(self._healthy() or self.nodes, key=lambda n: load[id(n)])
-        self._owner[spec.session_id] = node
-        await node.submit(spec)
+        while live := self._live():
+            load = Counter(id(owner) for owner in self._owner.values())
+            # With no healthy node, a live one is picked anyway: its grace period requeues or fails the session.
+            node = min(self._healthy() or live, key=lambda n: load[id(n)])
+            self._owner[spec.session_id] = node
+            try:
+                await node.submit(spec)
+                return
+            except NodeLost as exc:
+                if self._owner.get(spec.session_id) is not node:  # its evacuation already moved it
+                    return
+                self._owner.pop(spec.session_id)
+                await self._lose(node, exc)
+        await self._fail([spec], "no node left: every node is lost", None)
 
     async def _pump(self, node: NodeHandle) -> None:
         health = self._health[id(node)]
-        while True:
+        while not health.lost:
             try:
                 events = await node.events(1.0)
             except asyncio.CancelledError:
                 raise
+            except NodeLost as exc:
+                await self._lose(node, exc)
+                return
             except Exception as exc:
                 await self._stream_failed(node, health, exc)
                 continue
@@ -277,32 +317,44 @@ class RolloutService:
             await self._evacuate(node, health)
         await asyncio.sleep(wait)
 
+    async def _lose(self, node: NodeHandle, exc: NodeLost) -> None:
+        """A node gone for good: no grace period, its sessions move now and it is never used again."""
+        health = self._health[id(node)]
+        if health.lost:
+            return
+        health.gone(exc)
+        log.warning("node %s lost for good, moving its sessions now: %s", node.name, exc)
+        await self._evacuate(node, health)  # its pump sees `lost` and stops
+
     async def _evacuate(self, node: NodeHandle, health: NodeHealth) -> None:
         """Start a lost node's unfinished sessions again elsewhere, or fail them with the cause."""
         lost = [sid for sid, owner in self._owner.items() if owner is node]
         if not lost:
             return
-        cause = f"node {node.name} unhealthy since {health.describe_since()}: {health.last_error}"
-        try:  # should it still run them, they are no longer its to report
-            await asyncio.wait_for(node.cancel(lost), _CALL_TIMEOUT_S)
-        except Exception as exc:
-            log.info("node %s: could not cancel its lost sessions: %s", node.name, exc)
+        cause = health.cause(node.name)
+        if not health.lost:  # should it still run them, they are no longer its to report
+            try:
+                await asyncio.wait_for(node.cancel(lost), _CALL_TIMEOUT_S)
+            except Exception as exc:
+                log.info("node %s: could not cancel its lost sessions: %s", node.name, exc)
         specs = await asyncio.to_thread(self.state.requeue, lost)
         healthy = self._healthy()
         log.warning("%s; %d unfinished sessions %s", cause, len(specs),
                     "requeued on " + ", ".join(n.name for n in healthy) if healthy else "failed: no healthy node")
-        failed = []
         for spec in specs:
             self._owner.pop(spec.session_id, None)
             if healthy:
                 await self._dispatch(spec)
-                continue
+        if not healthy:
+            await self._fail(specs, f"{cause}; no healthy node to requeue it on", node.name)
+
+    async def _fail(self, specs: list[SessionSpec], error: str, node: str | None) -> None:
+        """End sessions that no node can run, with the cause as their result."""
+        for spec in specs:
             result = SessionResult(session_id=spec.session_id, task_id=spec.task.id, sample=spec.sample,
-                                   outcome="error", error=f"{cause}; no healthy node to requeue it on",
-                                   node=node.name)
+                                   outcome="error", error=error, node=node)
             await asyncio.to_thread(self.state.put_result, result)
-            failed.append(spec.session_id)
-        await self._finished(failed)
+        await self._finished([spec.session_id for spec in specs])
 
     async def _finished(self, session_ids: list[str]) -> None:
         for session_id in session_ids:
@@ -312,6 +364,10 @@ class RolloutService:
                 self._new_result.notify_all()
 
     def _persist(self, node: NodeHandle, events: list[tuple[str, Any]]) -> list[str]:
+        if self._health[id(node)].lost:  # heard after it was lost: its sessions have moved
+            if events:
+                log.info("node %s: ignoring %d events from it, lost", node.name, len(events))
+            return []
         finished = []
         for kind, payload in events:
             if kind == "stage":

@@ -14,6 +14,9 @@ from polar.rollout.tasks import SessionResult, SessionSpec, TaskSpec
 from polar.runtime.local import LocalRuntime
 
 TASKS = Path(__file__).resolve().parents[2] / "data" / "tasks"
+# A shell harness's one real model call, through the session's polar.
+ONE_CALL = ("{python} -c \"import openai; openai.OpenAI(max_retries=0).chat.completions.create("
+            "model='m', messages=[{'role': 'user', 'content': 'hello from a ray node'}])\"")
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from polar.cli.rollout import status as status_command
 from polar.rollout.client import RolloutClient
 from polar.rollout.health import NodeHealth
 from polar.rollout.node import GatewayNode, NodeConfig
-from polar.rollout.service import LocalNode, RolloutService
+from polar.rollout.service import LocalNode, NodeLost, RolloutService
 from polar.rollout.simulate import SimulatedPhases
 from polar.rollout.state import RolloutState
 from polar.rollout.tasks import TaskSpec
@@ -45,6 +45,37 @@ class DeafNode(LocalNode):
         if self.deaf:
             raise ConnectionError(f"{self.name}: unreachable")
         await super().cancel(session_ids)
+
+
+class DyingNode(LocalNode):
+    """A node double that dies for good when `dead` is set: every call raises `NodeLost`, as a Ray
+    actor's does once its machine is gone. Its simulated sessions run on, unheard. With `late`, its
+    event stream answers only once a session has a result, so the call under way when it dies answers
+    after: a report heard from a node already lost."""
+
+    def __init__(self, name: str, late: bool = False):
+        super().__init__(GatewayNode(SimulatedPhases(SCALE), NodeConfig(name=name, running_slots=4)))
+        self.dead = False
+        self.late = late
+        self.calls_after_death = 0
+
+    async def _check(self) -> None:
+        if self.dead:
+            self.calls_after_death += 1
+            raise NodeLost(f"{self.name}: actor died")
+
+    async def events(self, timeout: float):
+        if self.late:
+            heard: list = []
+            while not any(kind == "result" for kind, _ in heard):
+                heard += await super().events(timeout)
+            return heard
+        await self._check()
+        return await super().events(timeout)
+
+    async def submit(self, spec) -> None:
+        await self._check()
+        await super().submit(spec)
 
 
 def _task(task_id: str, samples: int, run: float) -> TaskSpec:
@@ -146,3 +177,88 @@ def test_cancelling_past_an_unhealthy_node_reaches_the_sessions_it_loses(tmp_pat
 
     results = asyncio.run(main())
     assert {(r.outcome, r.node) for r in results} == {("cancelled", "good")}
+
+
+def test_a_node_lost_for_good_moves_its_sessions_at_once_and_is_never_used_again(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="polar.rollout.service")
+
+    async def main():
+        dead, good = DyingNode("dead"), DyingNode("good")
+        service = RolloutService(RolloutState(tmp_path / "r.db"), [dead, good], node_grace=60)
+        await service.start()
+        try:
+            (first,) = await service.submit([_task("t", 4, run=100)])  # 1 s each: two sessions per node
+            await asyncio.sleep(0.2)
+            dead.dead, killed = True, time.monotonic()
+            await first_results(service, 4, timeout=10)
+            moved_in = time.monotonic() - killed
+            (second,) = await service.submit([_task("after", 3, run=1)])  # all on the survivor
+            results = await first_results(service, 7, timeout=10)
+            calls = dead.calls_after_death
+            await asyncio.sleep(1.2)  # the dead node's own runs end meanwhile: never heard
+            return first, second, results, moved_in, calls, dead.calls_after_death, await service.status()
+        finally:
+            await service.close()
+
+    first, second, results, moved_in, calls, calls_later, status = asyncio.run(main())
+    assert moved_in < 3.0  # no 60 s grace: the two moved sessions restart at once and run their 1 s
+    assert sorted(r.session_id for r in results) == sorted(first["sessions"] + second["sessions"])  # each once
+    assert {(r.outcome, r.node) for r in results} == {("ok", "good")}
+    assert calls == calls_later == 1  # one failed call, then never asked again
+    assert status["lost_nodes"] == ["dead"] and status["unhealthy_nodes"] == ["dead"]
+    lost = next(n for n in status["nodes"] if n["node"] == "dead")
+    assert lost["lost"] and not lost["healthy"] and lost["last_error"] == "NodeLost: dead: actor died"
+    assert "stats_error" not in lost and "running" not in lost  # a lost node is not asked for its stats
+    assert status["outcomes"] == {"ok": 7}
+    assert any("node dead lost for good" in r.getMessage() for r in caplog.records)
+    assert any("node dead lost since" in r.getMessage() and "2 unfinished sessions requeued on good"
+               in r.getMessage() for r in caplog.records)
+    assert [s.attempt for s in RolloutState(tmp_path / "r.db").unfinished()] == []
+
+
+def test_with_every_node_lost_new_sessions_fail_at_once(tmp_path):
+    async def main():
+        node = DyingNode("only")
+        service = RolloutService(RolloutState(tmp_path / "r.db"), [node], node_grace=60)
+        await service.start()
+        try:
+            await service.submit([_task("t", 2, run=100)])
+            node.dead = True
+            await first_results(service, 2, timeout=10)
+            await service.submit([_task("late", 1, run=1)])
+            return await first_results(service, 3, timeout=10)
+        finally:
+            await service.close()
+
+    results = asyncio.run(main())
+    assert [r.outcome for r in results] == ["error"] * 3
+    assert all(r.error.startswith("node only lost since") and r.error.endswith("no healthy node to requeue it on")
+               for r in results[:2])
+    assert results[2].error == "no node left: every node is lost" and results[2].node is None
+
+
+def test_what_a_lost_node_says_after_it_was_lost_is_ignored(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="polar.rollout.service")
+
+    async def main():
+        dying, good = DyingNode("dying", late=True), DyingNode("good")
+        service = RolloutService(RolloutState(tmp_path / "r.db"), [dying, good], node_grace=60)
+        await service.start()
+        try:
+            (first,) = await service.submit([_task("t", 2, run=100)])  # one on each node
+            await asyncio.sleep(0.2)  # the service is waiting on `dying`'s stream
+            dying.dead = True
+            (second,) = await service.submit([_task("u", 1, run=1)])  # tried on `dying` first: lost there
+            results = await first_results(service, 3, timeout=10)
+            await asyncio.sleep(1.5)  # `dying` finishes its own run of t meanwhile, and reports it: too late
+            return first, second, results, await service.status()
+        finally:
+            await service.close()
+
+    first, second, results, status = asyncio.run(main())
+    assert sorted(r.session_id for r in results) == sorted(first["sessions"] + second["sessions"])
+    assert {(r.outcome, r.node) for r in results} == {("ok", "good")}
+    assert status["outcomes"] == {"ok": 3} and status["lost_nodes"] == ["dying"]
+    ignored = [r.getMessage() for r in caplog.records if "node dying: ignoring" in r.getMessage()]
+    assert len(ignored) == 1 and ignored[0].endswith("events from it, lost")
+    assert len(RolloutState(tmp_path / "r.db").all_results()) == 3

@@ -10,7 +10,7 @@ from polar.rollout.node import NodeConfig
 from polar.rollout.service import RolloutService
 from polar.rollout.state import RolloutState
 from polar.rollout.tasks import TaskSpec
-from tests.rollout.conftest import first_results
+from tests.rollout.conftest import ONE_CALL, first_results
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # a local Ray cluster takes seconds to start
@@ -45,10 +45,6 @@ def test_service_spreads_a_group_over_node_actors(local_ray, tmp_path):
     assert {r.outcome for r in results} == {"ok"} and {r.policy_version for r in results} == {2}
     assert len({r.node for r in results}) == 3  # every actor ran part of the group
     assert len(status["nodes"]) == 3 and all(n["ray_node"] for n in status["nodes"])
-
-
-ONE_CALL = ("{python} -c \"import openai; openai.OpenAI(max_retries=0).chat.completions.create("
-            "model='m', messages=[{'role': 'user', 'content': 'hello from a ray node'}])\"")
 
 
 def test_real_sessions_on_a_gateway_node_actor(local_ray, double_server, tokenizer_dir, tmp_path):
