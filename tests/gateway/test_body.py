@@ -1,0 +1,47 @@
+"""Request bodies → JSON: the nesting limit on the decoded value agrees with a count on the text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from polar.errors import GatewayError
+from polar.gateway.body import decode_json, nests_deeper
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(alphabet="[]{}\"\\ab"),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                         max_size=3),
+                           max_leaves=40)
+
+
+def depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max((depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((depth(v) for v in value), default=0)
+    return 0
+
+
+@given(json_values, st.integers(min_value=0, max_value=8))
+def test_nests_deeper_is_the_depth_of_containers(value, limit):
+    assert nests_deeper(value, limit) == (depth(value) > limit)
+
+
+def test_brackets_inside_strings_do_not_count():
+    text = json.dumps({"a": "[" * 500 + "{" * 500})
+    assert decode_json(text.encode(), "application/json", 1 << 20, max_depth=2) == json.loads(text)
+
+
+@pytest.mark.parametrize("levels", [129, 5000, 200_000])
+def test_too_deep_is_a_client_error_at_any_depth(levels):
+    body = b"[" * levels + b"]" * levels  # 200k levels: past the decoder's own recursion limit
+    with pytest.raises(GatewayError, match="nests JSON too deeply"):
+        decode_json(body, "application/json", 1 << 20)
+
+
+def test_exactly_at_the_limit_is_served():
+    body = b"[" * 128 + b"]" * 128
+    assert nests_deeper(decode_json(body, None, 1 << 20), 127)
