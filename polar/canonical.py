@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WrapValidator
 
 
 class _Model(BaseModel):
@@ -139,6 +140,17 @@ class Usage(_Model):
         return self.prompt_tokens + self.completion_tokens
 
 
+def _array_as_is(value: Any, validate: Any) -> Any:
+    # A token-faithful prompt is built as a uint32 array (100k+ ids at agent size): kept as it is, not
+    # made a list of Python ints and validated one by one on every call.
+    return value if isinstance(value, np.ndarray) else validate(value)
+
+
+# Token ids: a list of ints, or the array polar built them in; either dumps as a list.
+TokenIds = Annotated[list[int], WrapValidator(_array_as_is),
+                     PlainSerializer(lambda ids: ids.tolist() if isinstance(ids, np.ndarray) else ids)]
+
+
 class ChatResult(_Model):
     """One sampled assistant turn, with the token-level truth behind it."""
 
@@ -151,7 +163,7 @@ class ChatResult(_Model):
     finish_reason: FinishReason = "stop"
     stop_sequence: str | None = None
     usage: Usage = Field(default_factory=Usage)
-    prompt_token_ids: list[int] = Field(default_factory=list)
+    prompt_token_ids: TokenIds = Field(default_factory=list)
     completion_token_ids: list[int] = Field(default_factory=list)
     # None when the upstream gave no logprob for some sampled token (never invented).
     completion_logprobs: list[float] | None = Field(default_factory=list)

@@ -10,7 +10,7 @@ builds it (`TokenFaithful.result`), so the capture never depends on how the stre
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from polar.canonical import ChatRequest, ChatResult, Delta, ToolCallDelta
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 class TokenStream:
     def __init__(self, upstream: StreamRequest, backend: TokenFaithful, request: ChatRequest, call_id: str,
-                 prompt_ids: list[int], mode: str):
+                 prompt_ids: Sequence[int], mode: str):
         self.upstream, self.backend, self.request, self.call_id = upstream, backend, request, call_id
         self.prompt_ids, self.mode = prompt_ids, mode
         template = backend.template

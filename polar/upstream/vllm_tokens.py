@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from polar.canonical import ChatRequest, ChatResult, ImagePart, Reasoning, Usage
 from polar.errors import GatewayError
@@ -73,8 +76,8 @@ class TokenFaithful:
         path, body = await self._sampling_request(prompt_ids, request, stream=True)
         return TokenStream(StreamRequest(self.chat.http, path, body), self, request, call_id, prompt_ids, mode)
 
-    async def _prompt(self, request: ChatRequest, session: SessionView | None) -> tuple[list[int], str]:
-        """The prompt ids: the session's turn extended by the new messages, else the whole conversation
+    async def _prompt(self, request: ChatRequest, session: SessionView | None) -> tuple[Sequence[int], str]:
+        """The prompt ids (a list, or an array when extended): the session's turn extended by the new messages, else the whole conversation
         rendered (and why)."""
         extension, reason = session.extension(request) if session else (None, "no session state")
         if extension is not None:
@@ -93,7 +96,7 @@ class TokenFaithful:
         messages = [m for msg in request.messages for m in to_openai_messages(msg)]
         return self.template.prompt_ids(messages, self._tools(request), request.thinking.enabled)
 
-    def _extend(self, ext: Extension, request: ChatRequest) -> tuple[list[int] | None, str]:
+    def _extend(self, ext: Extension, request: ChatRequest) -> tuple[np.ndarray | None, str]:
         new = [m for msg in ext.new_messages for m in to_openai_messages(msg)]
         sampled_any = len(ext.turn.ids) > ext.turn.prompt_len
         ended_with_eos = sampled_any and int(ext.turn.ids[-1]) == self.template.end_of_turn_id
@@ -103,7 +106,8 @@ class TokenFaithful:
         if cont.failure:
             return None, f"template cannot render the new messages alone: {cont.failure}"
         mode = "token-faithful" + (" (closed a truncated turn)" if cont.closed_truncated_turn else "")
-        return ext.turn.ids.tolist() + list(cont.ids), mode
+        # An array: the earlier turn's ids are never made Python ints (they go upstream through orjson).
+        return np.concatenate([ext.turn.ids, np.asarray(cont.ids, dtype=ext.turn.ids.dtype)]), mode
 
     # -- sampling ----------------------------------------------------------------------------
 
@@ -114,7 +118,7 @@ class TokenFaithful:
             self._max_model_len = next((c.get("max_model_len") for c in cards if c.get("max_model_len")), 0) or 32768
         return self._max_model_len
 
-    async def _sampling_request(self, prompt_ids: list[int], request: ChatRequest, stream: bool) -> tuple[str, dict]:
+    async def _sampling_request(self, prompt_ids: Sequence[int], request: ChatRequest, stream: bool) -> tuple[str, dict]:
         """The token-in call for these prompt ids: its path and body."""
         s = request.sampling
         window = await self._limit()
@@ -178,7 +182,7 @@ class TokenFaithful:
             finish_reason=reason,
             stop_sequence=stop_sequence,
             usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(sampled)),
-            prompt_token_ids=list(prompt_ids),
+            prompt_token_ids=prompt_ids if isinstance(prompt_ids, np.ndarray) else list(prompt_ids),
             completion_token_ids=list(sampled),
             completion_logprobs=logprobs,
             policy_version=version,
