@@ -76,7 +76,8 @@ def haproxy_config(host: str, port: int, workers: Sequence[int], timeout_s: int 
         "backend workers",
         f"  balance hash {key}",
         "  hash-type consistent sdbm avalanche",  # avalanche: similar session names still spread
-        *(f"  server w{i} 127.0.0.1:{p}" for i, p in enumerate(workers)),
+        # weight 100: more points per worker on the hash ring, an even split (weight 1: 56/44 over 1000 sessions).
+        *(f"  server w{i} 127.0.0.1:{p} weight 100" for i, p in enumerate(workers)),
         "",
     ]
     return "\n".join(lines)
