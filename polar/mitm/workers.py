@@ -34,6 +34,11 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+# Children in a session of their own: a Ctrl-C reaches the supervisor alone, which then stops them in
+# order (front first), instead of racing them to their deaths and reporting one as a failure.
+_CHILD = {"preexec_fn": _die_with_parent, "start_new_session": True}
+
+
 @dataclass
 class Child:
     name: str  # "worker 1", "front (haproxy)"
@@ -71,7 +76,7 @@ class WorkerSet:
             raise RuntimeError("--workers needs haproxy on PATH (Debian: apt-get install haproxy)")
         try:
             for i, worker in enumerate(self.workers):  # all start side by side; each loads its tokenizer
-                worker.launch(preexec_fn=_die_with_parent)
+                worker.launch(**_CHILD)
                 self.children.append(Child(f"worker {i}", worker.proc, f"{worker.url}, captures in {worker.config.db}"))
             for worker in self.workers:
                 worker.wait_ready(timeout)
@@ -80,7 +85,7 @@ class WorkerSet:
             check = subprocess.run([haproxy, "-c", "-q", "-f", str(cfg)], capture_output=True, text=True)
             if check.returncode:
                 raise RuntimeError(f"haproxy refused the generated config {cfg}:\n{check.stdout}{check.stderr}")
-            front = subprocess.Popen([haproxy, "-db", "-f", str(cfg)], preexec_fn=_die_with_parent)
+            front = subprocess.Popen([haproxy, "-db", "-f", str(cfg)], **_CHILD)
             self.children.append(Child("front (haproxy)", front, f"http://{self.config.host}:{self.config.port}"))
             self._wait_listening(timeout)
         except BaseException:

@@ -27,7 +27,7 @@ from click.testing import CliRunner
 from polar.capture.reader import CaptureReader
 from polar.capture.shards import SHARD_ID_SPAN, open_captures, shard_path
 from polar.cli import main
-from polar.mitm.front import haproxy_binary
+from polar.mitm.front import CLIENT_ADDR_HEADER, haproxy_binary
 from polar.mitm.proxy import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,8 +71,12 @@ class WorkerProxy:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGINT)  # a Ctrl-C: the supervisor stops the set, exit 0
             self.proc.wait(timeout=60)
+
+    def gone(self) -> bool:
+        """Every child of the set has exited (a zombie is exited too)."""
+        return all(not Path(f"/proc/{pid}").exists() or _zombie(pid) for pid in self.pids.values())
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +86,7 @@ def workers(haproxy_ready, double_server, tokenizer_dir, tmp_path_factory):
     yield proxy
     proxy.stop()
     assert proxy.proc.returncode == 0, proxy.stderr()
+    assert proxy.gone() and "polar:" not in proxy.stderr()  # nothing reported as dead
 
 
 # -- a session: turns that grow the conversation, named one of four ways -------------------------------
@@ -95,9 +100,10 @@ def session_client(url: str, how: str, name: str, index: int) -> tuple[httpx.Cli
         return httpx.Client(timeout=60, headers={"x-polar-session": name}), url
     if how == "key":
         return httpx.Client(timeout=60, headers={"authorization": f"Bearer sk-{name}"}), url
-    # The client address: a source of its own on the loopback net (the front forwards it to the worker).
+    # The client address: a source of its own on the loopback net (the front forwards it to the worker,
+    # overwriting whatever address the client claims).
     transport = httpx.HTTPTransport(local_address=f"127.0.0.{10 + index}")
-    return httpx.Client(timeout=60, transport=transport), url
+    return httpx.Client(timeout=60, transport=transport, headers={CLIENT_ADDR_HEADER: "203.0.113.9"}), url
 
 
 def run_session(url: str, how: str, name: str, index: int) -> list[tuple[str, str, bool]]:
@@ -183,7 +189,7 @@ def test_a_stream_passes_through_the_front_as_it_is_sampled(workers, double_serv
     assert text.strip() == LONG_TEXT
     assert arrivals[0] <= 0.3 * arrivals[-1], f"first text at {arrivals[0]:.2f} s of {arrivals[-1]:.2f} s"
     spread = sum(b - a > 0.005 for a, b in pairwise(arrivals))
-    assert spread >= len(arrivals) // 2, "the events came in a few bursts, not as sampled"
+    assert spread >= len(arrivals) // 3, "the events came in a few bursts, not as sampled"
 
 
 def test_a_killed_worker_is_reported_and_stops_the_set(haproxy_ready, double_server, tmp_path):
@@ -197,8 +203,7 @@ def test_a_killed_worker_is_reported_and_stops_the_set(haproxy_ready, double_ser
         proxy.stop()
     assert code == 1
     assert f"worker 1 (pid {proxy.pids['worker 1']}" in err and "killed by SIGKILL" in err, err
-    for name in ("worker 0", "front (haproxy)"):  # the rest of the set is gone with it
-        assert not Path(f"/proc/{proxy.pids[name]}").exists() or _zombie(proxy.pids[name]), name
+    assert proxy.gone()  # the rest of the set went with it
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", proxy.port), timeout=2).close()
 
