@@ -32,6 +32,7 @@ from polar.mitm.proxy import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TURNS = 3
+MAX_BODY = 1_000_000
 LONG_TEXT = " ".join(f"word{i}" for i in range(100))  # ≈ 200 tokens: ~2 s at 10 ms a token
 
 
@@ -82,7 +83,8 @@ class WorkerProxy:
 @pytest.fixture(scope="module")
 def workers(haproxy_ready, double_server, tokenizer_dir, tmp_path_factory):
     _, upstream = double_server
-    proxy = WorkerProxy(upstream, tmp_path_factory.mktemp("workers") / "captures.db", "--tokenizer", str(tokenizer_dir))
+    proxy = WorkerProxy(upstream, tmp_path_factory.mktemp("workers") / "captures.db", "--tokenizer", str(tokenizer_dir),
+                        "--set", f"polar_max_body={MAX_BODY}")
     yield proxy
     proxy.stop()
     assert proxy.proc.returncode == 0, proxy.stderr()
@@ -190,6 +192,18 @@ def test_a_stream_passes_through_the_front_as_it_is_sampled(workers, double_serv
     assert arrivals[0] <= 0.3 * arrivals[-1], f"first text at {arrivals[0]:.2f} s of {arrivals[-1]:.2f} s"
     spread = sum(b - a > 0.005 for a, b in pairwise(arrivals))
     assert spread >= len(arrivals) // 3, "the events came in a few bursts, not as sampled"
+
+
+def test_oversized_requests_are_answered_and_the_front_keeps_serving(workers):
+    url = f"{workers.url}/s/big/v1/chat/completions"
+    huge = {"model": "m", "messages": [{"role": "user", "content": "x" * (2 * MAX_BODY)}]}
+    too_big = httpx.post(url, json=huge, timeout=60)  # the body streams through the front: polar's own limit
+    assert too_big.status_code == 413 and "error" in too_big.json(), too_big.text[:300]
+    header = httpx.post(url, json={"model": "m"}, headers={"x-junk": "y" * 80_000}, timeout=60)
+    assert header.status_code == 400  # headers past the front's buffer: refused by haproxy, nothing reaches polar
+    fine = httpx.post(url, json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+                      timeout=60)
+    assert fine.status_code == 200, fine.text
 
 
 def test_a_killed_worker_is_reported_and_stops_the_set(haproxy_ready, double_server, tmp_path):
