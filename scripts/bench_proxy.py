@@ -165,9 +165,17 @@ class Target:
     body: dict[str, Any]
     headers: dict[str, str]
     proxy: Service | None = None
+    session_per_client: bool = False  # client i's calls name session bench-i (`/s/bench-i/` base URL)
 
     def request(self, stream: bool) -> dict[str, Any]:
         return {**self.body, "stream": True} if stream else self.body
+
+    def url_for(self, client: int) -> str:
+        if not self.session_per_client:
+            return self.url
+        scheme, _, rest = self.url.partition("://")
+        host, _, path = rest.partition("/")
+        return f"{scheme}://{host}/s/bench-{client}/{path}"
 
 
 def direct_target(upstream: Service) -> Target:
@@ -254,10 +262,10 @@ async def drive(target: Target, stream: bool, clients: int, n: int,
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
-        async def once() -> None:
+        async def once(client: int) -> None:
             t = time.perf_counter()
             try:
-                async with session.post(target.url, json=body, headers=target.headers) as resp:
+                async with session.post(target.url_for(client), json=body, headers=target.headers) as resp:
                     await resp.read()  # streamed: every event, to the end
                     if resp.status != 200:
                         errors.append(f"HTTP {resp.status}")
@@ -267,19 +275,19 @@ async def drive(target: Target, stream: bool, clients: int, n: int,
                 return
             latencies.append(time.perf_counter() - t)
 
-        await asyncio.gather(*(once() for _ in range(clients)))  # open every connection, warm caches
+        await asyncio.gather(*(once(i) for i in range(clients)))  # open every connection, warm caches
         if errors:
             raise RuntimeError(f"{target.name}: warm-up failed ({errors[0]}; {len(errors)}/{clients} requests)")
         latencies.clear()
         todo = iter(range(n))
 
-        async def client() -> None:
+        async def client(i: int) -> None:
             for _ in todo:
-                await once()
+                await once(i)
 
         on_start()
         t0 = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(clients)))
+        await asyncio.gather(*(client(i) for i in range(clients)))
         wall = time.perf_counter() - t0
     return latencies, errors, wall
 

@@ -37,6 +37,7 @@ from typing import Any
 from polar.capture import schema
 from polar.capture.bodies import BodyBases, write_body
 from polar.capture.records import CallEnd, CallStart
+from polar.capture.shards import first_row_id
 
 log = logging.getLogger("polar.capture")
 
@@ -64,6 +65,7 @@ class CaptureWriter:
         self.token, self._lease = _take_lease(self.path)
         self.interrupted = self._reap_dead_writers()
         self._bodies = BodyBases()  # bodies this writer committed, to encode the next ones against
+        self._id_floor = first_row_id(self.path) or None  # a shard's ids start in its own range (shards.py)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = threading.Thread(
             target=self._loop, name="polar-capture-writer", daemon=True
@@ -222,6 +224,12 @@ class CaptureWriter:
         unknown = set(row) - set(schema.CALLS)
         if unknown:  # column names come from code, never from clients: a typo is a bug
             raise KeyError(f"unknown capture columns {sorted(unknown)}")
+        if self._id_floor is not None:  # until a row in the shard's range is stored, the first one gets its id
+            (top,) = self._conn.execute("SELECT max(id) FROM calls").fetchone()
+            if (top or 0) < self._id_floor:
+                row = {"id": self._id_floor + 1, **row}
+            else:
+                self._id_floor = None
         cur = self._conn.execute(f"INSERT INTO calls ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                                  list(row.values()))
         return int(cur.lastrowid)

@@ -26,7 +26,10 @@ from polar.cli.paths import DEFAULT_TOKENIZER
 @click.option("--web/--no-web", default=False, help="Run mitmweb (inspect every call in a browser) instead of mitmdump.")
 @click.option("--web-port", default=8081, show_default=True, type=int)
 @click.option("--set", "sets", multiple=True, metavar="OPTION=VALUE", help="Any further mitmproxy or polar_* option.")
-def proxy(upstream, upstream_model, tokenizer, db, mode, host, port, web, web_port, sets) -> None:
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Gateway processes (one core each) behind one address, every session on one of them (haproxy "
+                   "front, reverse mode); worker k captures into DB.wk.db (captures.db → captures.w0.db, …).")
+def proxy(upstream, upstream_model, tokenizer, db, mode, host, port, web, web_port, sets, workers) -> None:
     """Run the gateway: mitmproxy + the polar addon in front of a vLLM server."""
     from polar.mitm.proxy import ProxyConfig, serve
 
@@ -43,8 +46,26 @@ def proxy(upstream, upstream_model, tokenizer, db, mode, host, port, web, web_po
         web_url = f"; mitmweb on http://{host}:{web_port}/?token={extra['web_password']}"
     config = ProxyConfig(upstream=upstream, db=db, mode=mode, host=host, port=port, upstream_model=upstream_model,
                          tokenizer=tokenizer, web=web, web_port=web_port, extra=extra)
+    if workers > 1:
+        raise SystemExit(_serve_workers(config, workers))
     click.echo(f"polar {mode} proxy on http://{host}:{port} → {upstream}; captures in {db}{web_url}")
     asyncio.run(serve(config))
+
+
+def _serve_workers(config, count: int) -> int:
+    from polar.capture.shards import shard_path
+    from polar.mitm.workers import WorkerSet
+
+    try:
+        workers = WorkerSet(config, count)
+        workers.start()
+    except (ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"polar reverse proxy on http://{config.host}:{config.port} → {config.upstream}; {count} workers, "
+               f"each session on one; captures in {shard_path(config.db, 0)} … {shard_path(config.db, count - 1)}")
+    for line in workers.describe():
+        click.echo(line)
+    return workers.run()
 
 
 @click.command()
@@ -72,15 +93,20 @@ def double(tokenizer_dir, model_name, script_path, host, port, max_model_len, to
 
 
 @click.command()
-@click.option("--db", default="captures.db", show_default=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--db", default="captures.db", show_default=True, type=click.Path(dir_okay=False),
+              help="Capture database; with `polar proxy --workers`, the --db it got reads every worker's shard.")
 @click.option("--session", help="Only this session.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per call, with token ids.")
 def captures(db, session, as_json) -> None:
     """List captured model calls."""
-    from polar.capture.reader import CaptureReader
+    from polar.capture.shards import open_captures
     from polar.reporting.table import captures_table
+    from polar.sqlite_files import WrongDatabase
 
-    store = CaptureReader(db)
+    try:
+        store = open_captures(db)
+    except WrongDatabase as exc:
+        raise click.ClickException(str(exc)) from None
     if as_json:
         for row in store.calls(session=session):
             row = {k: v for k, v in row.items() if not isinstance(v, bytes)}

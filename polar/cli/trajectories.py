@@ -9,8 +9,8 @@ import click
 
 
 @click.command()
-@click.option("--db", default="captures.db", show_default=True, type=click.Path(exists=True, dir_okay=False),
-              help="Capture database.")
+@click.option("--db", default="captures.db", show_default=True, type=click.Path(dir_okay=False),
+              help="Capture database (or the --db of `polar proxy --workers`: every worker's shard).")
 @click.option("--builder", type=click.Choice(["per-request", "prefix-merge"]), default="prefix-merge",
               show_default=True, help="One sample per call, or calls merged along their shared prefixes.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write trajectories here (.jsonl or .parquet).")
@@ -23,12 +23,16 @@ import click
               help="Hugging Face tokenizer directory: decode the tokens around each prefix break.")
 def trajectories(db, builder, out, fmt, session, drift, drift_json, tokenizer_dir) -> None:
     """Rebuild trajectories from captured calls; report where token prefixes drifted."""
-    from polar.capture.reader import CaptureReader
+    from polar.capture.shards import open_captures
+    from polar.sqlite_files import WrongDatabase
     from polar.trajectories import BUILDERS, drift_report, io, summary
     from polar.trajectories.drift import print_drift
 
     paths = _outputs(out, fmt)  # a bad --out fails before any work
-    rows = list(CaptureReader(db).calls(session=session))
+    try:
+        rows = list(open_captures(db).calls(session=session))
+    except WrongDatabase as exc:
+        raise click.ClickException(str(exc)) from None
     built = BUILDERS[builder](rows)
     for path in paths:
         io.write(built, path)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar.capture.reader import CaptureReader
+from polar.capture.shards import open_captures
 from polar.rollout.tasks import SessionResult, harness_name
 from polar.sqlite_files import WrongDatabase, open_readonly
 
@@ -82,8 +82,10 @@ class CaptureSource:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        _connect_readonly(self.path, "capture").close()
-        self.store = CaptureReader(self.path)
+        try:  # the database, or every worker's shard of it (`polar proxy --workers`)
+            self.store = open_captures(self.path)
+        except WrongDatabase as exc:
+            raise SourceError(str(exc)) from None
         self._session: str | None = None
         self._rows: dict[int, dict[str, Any]] = {}
 

@@ -107,6 +107,11 @@ class PolarAddon:
             "polar_token_endpoint", str, "auto", "Token-in vLLM endpoint.", choices=["auto", "generate", "completions"]
         )
         loader.add_option(
+            "polar_client_addr_header", str, "",
+            "Header naming the client's address, set by polar's own front (`polar proxy --workers`); '' = the "
+            "connection's peer. Only for a proxy no client reaches directly: a client could claim any address.",
+        )
+        loader.add_option(
             "polar_stream_keepalive", int, 5,
             "Seconds a streamed answer may stay silent (queue, prefill) before the client gets a keep-alive; 0 = never.",
         )
@@ -164,6 +169,9 @@ class PolarAddon:
         except ValueError:  # undecodable content-encoding: hand over the raw bytes
             body = req.raw_content or b""
         peer = flow.client_conn.peername
+        client_addr = peer[0] if peer else None
+        if ctx.options.polar_client_addr_header:  # behind polar's front: the peer is the front
+            client_addr = req.headers.pop(ctx.options.polar_client_addr_header, None) or client_addr
         headers = {k.lower(): v for k, v in req.headers.items()}
         headers.setdefault("host", req.host_header or req.pretty_host)  # HTTP/2 carries :authority only
         gateway = self.gateway
@@ -177,7 +185,7 @@ class PolarAddon:
                     query=dict(req.query),
                     headers=headers,
                     body=body,
-                    client_addr=peer[0] if peer else None,
+                    client_addr=client_addr,
                 )
             )
         except Exception as exc:  # a flow left without a response would go on to the upstream, uncaptured

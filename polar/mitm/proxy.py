@@ -192,8 +192,10 @@ class SubprocessProxy:
         return f"http://{self.config.host}:{self.config.port}"
 
     def start(self, timeout: float = 60) -> str:
-        import socket
-        import subprocess
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def command(self) -> list[str]:
         import sys
 
         c = self.config
@@ -207,7 +209,18 @@ class SubprocessProxy:
             cmd += ["--web", "--web-port", str(c.web_port)]
         for key, value in c.extra.items():
             cmd += ["--set", f"{key}={value}"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        return cmd
+
+    def launch(self, **popen) -> None:
+        """Start the process without waiting (several start side by side, then `wait_ready` each)."""
+        import subprocess
+
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, **popen)
+
+    def wait_ready(self, timeout: float = 60) -> str:
+        import socket
+
+        c = self.config
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

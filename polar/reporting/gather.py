@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from polar.capture.reader import CaptureReader
+from polar.capture.shards import open_captures
 from polar.rollout.tasks import SessionResult, harness_name
 from polar.sqlite_files import WrongDatabase, open_readonly
 from polar.trajectories.builders import by_session, is_failed, is_sample, prefix_merge
@@ -206,9 +206,12 @@ def _read_state(path: Path) -> list[SessionStats]:
 
 
 def _read_captures(path: Path) -> list[dict[str, Any]]:
-    _open(path, "captures").close()
+    try:  # the database, or every worker's shard of it (`polar proxy --workers`)
+        store = open_captures(path)
+    except WrongDatabase as exc:
+        raise ReportInputError(str(exc), "captures") from None
     try:
-        return list(CaptureReader(path).calls())
+        return list(store.calls())
     except sqlite3.DatabaseError as exc:
         raise ReportInputError(f"{path}: cannot read the captured calls: {exc}", "captures") from None
 

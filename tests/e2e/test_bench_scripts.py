@@ -49,6 +49,22 @@ def test_bench_proxy_tiny(tokenizer_dir, capsys, monkeypatch):
     assert "(1 distinct request body)" in out
 
 
+def test_bench_workers_tiny(tokenizer_dir, capsys, monkeypatch):
+    bench = load_script(monkeypatch, "bench_workers")
+    cells = bench.main(["--requests", "8", "--concurrency", "4", "--stream", "both", "--tokenizer", str(tokenizer_dir)])
+    out = capsys.readouterr().out
+
+    assert [(c.stream, c.target) for c in cells] == [(s, t) for s in (False, True) for t in ("direct", "polar", "polar ×2")]
+    for c in cells:
+        assert c.errors == [] and c.ok == 16, (c.target, c.errors)
+    front = [c.front_cpu for c in cells if c.target == "polar ×2"]
+    assert all(cpu is not None for cpu in front)  # haproxy's own CPU was found and read
+    for column in ("vs 1 process", "of which front", "load gen CPU ms/call"):
+        assert column in out, column
+    assert "target: polar ×2 ≥ 1.6× one process (non-streamed, 4 clients)" in out
+    assert "sessions per worker shard — w0: " in out and "command: python scripts/bench_workers.py" in out
+
+
 def test_bench_peers_tiny(tokenizer_dir, capsys, monkeypatch):
     bench = load_script(monkeypatch, "bench_peers")
     litellm = _with_litellm()

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Benchmark: `polar proxy --workers N` against one polar process, same upstream, one run.
+
+Columns, side by side at each concurrency, from one load generator (this process), against one upstream
+(scripts/bench_upstream.py: the scripted double behind an answer cache):
+  direct       — the OpenAI chat call straight to the upstream (what polar sends it);
+  polar        — the Anthropic Messages call through `polar proxy`, one process;
+  polar ×N     — the same through `polar proxy --workers N`: haproxy in front, N gateway processes.
+Every client is a session of its own (`/s/bench-<i>/` base URL) for both polar columns, so the front
+spreads the clients over the workers by session, as it would agents.
+CPU per call is read from /proc for every process: polar's (all its processes), the front's (haproxy)
+alone, the upstream's and the load generator's. On a 2-core machine those four share the cores, so
+the ratio is bounded by the CPU left over, not by polar: the table says where the CPU went.
+
+    python scripts/bench_workers.py [--workers 2] [--requests 2000] [--concurrency 64] [--stream no]
+                                    [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_proxy as core  # noqa: E402  (the measurement core)
+
+from polar.capture.shards import shard_path  # noqa: E402
+from polar.mitm.proxy import free_port  # noqa: E402
+
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def start_workers(workdir: Path, upstream: core.Service, sync: str, count: int) -> core.Service:
+    port = free_port()
+    cmd = [sys.executable, "-m", "polar.cli", "proxy", "--workers", str(count), "--upstream", core.upstream_url(upstream),
+           "--port", str(port), "--db", str(workdir / "captures-workers.db"), "--set", f"polar_db_sync={sync}"]
+    return core.Service(f"polar --workers {count}", cmd, f"http://127.0.0.1:{port}/", workdir / "polar-workers.log",
+                        env=ENV, cwd=core.REPO).start()
+
+
+def front_pid(service: core.Service) -> int | None:
+    """The haproxy process among the supervisor's children."""
+    for pid in core._descendants(service.proc.pid):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "haproxy":
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+@dataclass
+class WorkersCell(core.Cell):
+    front_cpu: float | None = None  # haproxy's seconds (None: no front)
+    load_cpu: float = 0.0  # this process's seconds: the load generator
+
+
+def measure(target: core.Target, upstream: core.Service, stream: bool, clients: int, n: int) -> WorkersCell:
+    front = front_pid(target.proxy) if target.proxy else None
+    marks: dict[str, float] = {}
+
+    def cpu() -> dict[str, float]:
+        return {"proxy": target.proxy.cpu_seconds() if target.proxy else 0.0,
+                "front": core.cpu_seconds(front) if front else 0.0,
+                "upstream": upstream.cpu_seconds(), "load": time.process_time()}
+
+    latencies, errors, wall = asyncio.run(core.drive(target, stream, clients, n, lambda: marks.update(cpu())))
+    used = {k: v - marks[k] for k, v in cpu().items()}
+    return WorkersCell(target.name, stream, clients, latencies, errors, wall,
+                       used["proxy"] if target.proxy else None, used["upstream"],
+                       used["front"] if front else None, used["load"])
+
+
+def results_table(cells: list[WorkersCell], title: str, single: str) -> Table:
+    table = Table(title=title)
+    for col in ("stream", "clients", "target", "calls", "errors", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms",
+                "calls/s", "vs direct", "vs 1 process", "polar CPU ms/call", "of which front", "upstream CPU ms/call",
+                "load gen CPU ms/call", "CPU busy"):
+        table.add_column(col, justify="left" if col in ("stream", "target") else "right")
+    by = {(c.target, c.stream, c.clients): c for c in cells}
+    cores = os.cpu_count() or 1
+    for c in cells:
+        direct, one = by.get(("direct", c.stream, c.clients)), by.get((single, c.stream, c.clients))
+        busy = sum(x or 0.0 for x in (c.proxy_cpu, c.upstream_cpu, c.load_cpu)) / c.wall / cores if c.wall else 0.0
+        table.add_row(
+            "yes" if c.stream else "no", str(c.clients), c.target, str(c.ok + len(c.errors)), str(len(c.errors)),
+            core._ms(c.pct(50)), core._ms(c.pct(99)),
+            "–" if c is direct else core._ms(c.pct(50) - direct.pct(50)),
+            "–" if c is direct else core._ms(c.pct(99) - direct.pct(99)),
+            f"{c.rps:.0f}", "–" if c is direct else f"{c.rps / direct.rps:.2f}",
+            "–" if c.proxy_cpu is None or c is one else f"{c.rps / one.rps:.2f}",
+            core._ms(c.cpu_ms(c.proxy_cpu)), core._ms(c.cpu_ms(c.front_cpu)), core._ms(c.cpu_ms(c.upstream_cpu)),
+            core._ms(c.cpu_ms(c.load_cpu)), f"{busy:.0%}",
+        )
+    return table
+
+
+def target_lines(cells: list[WorkersCell], single: str, multi: str, count: int) -> list[str]:
+    """The issue's target (≥ 0.8·N× one process) and what one front feeds, read off the cells."""
+    by = {(c.target, c.stream, c.clients): c for c in cells}
+    lines = []
+    for c in cells:
+        one = by.get((single, c.stream, c.clients))
+        if c.target != multi or one is None or not one.rps:
+            continue
+        ratio = c.rps / one.rps
+        lines.append(f"target: {multi} ≥ {0.8 * count:.1f}× one process ({'streamed' if c.stream else 'non-streamed'}, "
+                     f"{c.clients} clients): {ratio:.2f}× — {'met' if ratio >= 0.8 * count else 'NOT met'}")
+        worker_ms = c.cpu_ms((c.proxy_cpu or 0.0) - (c.front_cpu or 0.0)) or 0.0
+        front_ms = c.cpu_ms(c.front_cpu)
+        if front_ms:
+            lines.append(f"  per call: workers {worker_ms:.2f} ms CPU, front {front_ms:.3f} ms: one core of front "
+                         f"feeds {1000 / front_ms:.0f} calls/s ≈ {worker_ms / front_ms:.0f} worker cores at this call shape")
+    return lines
+
+
+def shard_split(db: Path, count: int) -> str:
+    from polar.capture.reader import CaptureReader
+
+    sessions = []
+    for i in range(count):
+        rows = list(CaptureReader(shard_path(db, i)).calls(with_tokens=False))
+        sessions.append(f"w{i}: {len({r['session_id'] for r in rows})} sessions / {len(rows)} calls")
+    return "sessions per worker shard — " + ", ".join(sessions)
+
+
+def main(argv: Sequence[str] | None = None) -> list[WorkersCell]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    core.common_args(ap)
+    ap.add_argument("--workers", type=int, default=2, help="gateway processes behind the front")
+    ap.set_defaults(concurrency=[64], stream="no", requests=2000)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = ap.parse_args(argv)
+    core.check_args(ap, args)
+    if args.workers < 2:
+        ap.error("--workers must be at least 2")
+    console, started, load_before = Console(width=260), time.perf_counter(), core.loadavg()
+    single, multi = "polar", f"polar ×{args.workers}"
+    services: list[core.Service] = []
+    with tempfile.TemporaryDirectory(prefix="polar-bench-workers-") as tmp:
+        try:
+            upstream = core.start_upstream(Path(tmp), args.tokenizer)
+            services.append(upstream)
+            one = core.polar_target(Path(tmp), upstream, args.sync[0], single)
+            services.append(one.proxy)
+            front = start_workers(Path(tmp), upstream, args.sync[0], args.workers)
+            services.append(front)
+            targets = [core.direct_target(upstream),
+                       core.Target(single, one.url, one.body, one.headers, one.proxy, session_per_client=True),
+                       core.Target(multi, f"{front.health_url}v1/messages", one.body, one.headers, front,
+                                   session_per_client=True)]
+            core.check_targets(targets)
+            cells = []
+            for stream in core.streams_of(args.stream):
+                for clients in args.concurrency:
+                    for target in targets:
+                        cell = measure(target, upstream, stream, clients, core.cell_requests(args.requests, clients))
+                        console.print(f"[dim]{'streamed' if stream else 'non-streamed'} {clients:>3} clients "
+                                      f"{target.name:<10} p50 {cell.pct(50):8.2f} ms {cell.rps:7.1f} calls/s "
+                                      f"errors {len(cell.errors)}[/dim]")
+                        cells.append(cell)
+            split = shard_split(Path(tmp) / "captures-workers.db", args.workers)
+            stats = core.upstream_stats(upstream)
+        finally:
+            for service in reversed(services):
+                service.stop()
+    title = (f"polar ×{args.workers} (haproxy front) vs one polar process vs direct (captures synchronous="
+             f"{args.sync[0]}; {os.cpu_count()} cores shared by load generator, proxies and upstream)")
+    core.print_report(console, results_table(cells, title, single),
+                      [*target_lines(cells, single, multi, args.workers), split, stats], args.markdown, load_before,
+                      started, core.command_line("bench_workers.py", argv))
+    return cells
+
+
+if __name__ == "__main__":
+    main()
