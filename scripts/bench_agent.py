@@ -13,14 +13,16 @@ real tokenizer, whose script makes every turn think, say a line and call the CLI
   litellm     — the LiteLLM proxy (scripts/bench_peers.py's set-up: one worker, hosted_vllm, the same token ids
                 and logprobs asked for), on its route for that format; Responses bridged to chat completions
                 (use_chat_completions_api: hosted_vllm would otherwise call the upstream's own /v1/responses).
-Every (CLI, streamed or not) runs its targets in fresh processes, side by side: turn buckets (--buckets) run in
-lock-step — every session of a target takes turn t before any takes t + 1 — one target's bucket after another's,
-so a bucket's CPU (bench_proxy.cpu_seconds of the proxy process and its children, between the bucket's ends) is
-spent only on calls of those turns. Reported per target: proxy CPU ms per call by bucket, p50/p99 latency and
-added latency vs direct, calls/s, the whole capture DB's bytes per unique token (bench_storage's definitions:
-VACUUMed size / the sum of each session's final context), peak RSS (VmHWM of the process and its children),
-with ratios against LiteLLM and direct. On 2 cores client, proxies and upstream share the CPU: read CPU per call,
-ratios and the growth over buckets, not absolute latency.
+Every CLI runs its targets in fresh processes (its non-streamed sessions, then its streamed ones), side by
+side: turn buckets (--buckets) run in lock-step — every session of a target takes turn t before any takes t + 1 —
+one target's bucket after another's, so a bucket's CPU (bench_proxy.cpu_seconds of the proxy process and its
+children, between the bucket's ends) is spent only on calls of those turns; one untimed warm-up call per target
+first. Reported per target: proxy CPU ms per call by bucket, p50/p99 latency and added latency vs direct, calls/s,
+with ratios against LiteLLM and direct; and per CLI over both stream modes (they share the processes): the whole
+capture DB's bytes per unique token (bench_storage's definitions: VACUUMed size / the sum of each session's final
+context), the longest context reached, peak RSS (VmHWM of the process and its children).
+On 2 cores client, proxies and upstream share the CPU: read CPU per call, ratios and the growth over buckets,
+not absolute latency.
 
     python scripts/bench_agent.py [--cli claude_code codex gemini_cli qwen_code] [--sessions 16] [--turns 120]
                                   [--buckets 10 30 60 100] [--stream both] [--no-litellm] [--markdown]
@@ -34,10 +36,13 @@ import json
 import os
 import random
 import shutil
+import signal
+import sqlite3
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,11 +169,8 @@ class Run:
     errors: list[str] = field(default_factory=list)
     peak_rss: int | None = None  # bytes
     db_bytes: int | None = None
-    tokens: int | None = None  # unique tokens: the sum of the sessions' final contexts
-    started: int = 0  # sessions at the start (a failed one leaves `sessions`)
-
-    def __post_init__(self) -> None:
-        self.started = len(self.sessions)
+    tokens: int | None = None  # unique tokens: the sum of the sessions' final contexts (polar's database)
+    context: int | None = None  # the longest context a session reached (polar's database)
 
     @property
     def calls(self) -> int:
@@ -265,32 +267,40 @@ def peak_rss(pid: int) -> int:
     return total
 
 
-def finish(run: Run) -> None:
-    """Peak RSS, then the proxy stopped (its captures committed) and polar's database measured."""
-    proxy = run.target.proxy
-    if proxy is None:
+def finish(target: Target, runs: list[Run]) -> None:
+    """Peak RSS, then the proxy stopped (its captures committed) and polar's database measured; the figures
+    go to each of the target's runs (the streamed and the non-streamed sessions share its process)."""
+    if target.proxy is None:
         return
-    run.peak_rss = peak_rss(proxy.proc.pid)
-    proxy.stop()
-    if run.target.db and run.target.db.exists():
-        run.db_bytes, run.tokens = measure(run.target.db)["whole DB"], unique_tokens(run.target.db)
+    rss = peak_rss(target.proxy.proc.pid)
+    target.proxy.stop()
+    db = target.db if target.db and target.db.exists() else None
+    db_bytes, tokens, context = (measure(db)["whole DB"], unique_tokens(db), longest_context(db)) if db else (None,) * 3
+    for run in runs:
+        run.peak_rss, run.db_bytes, run.tokens, run.context = rss, db_bytes, tokens, context
 
 
-def cell(fixture: Fixture, stream: bool, args, upstream: core.Service, work: Path,
-         progress) -> list[Run]:
-    """Every target for one CLI, streamed or not, in fresh processes."""
+def longest_context(db: Path) -> int:
+    """The largest context a session reached: its last call's prompt + completion."""
+    with closing(sqlite3.connect(db)) as conn:
+        return conn.execute("SELECT max(prompt_len + completion_len) FROM calls WHERE status = 'ok'").fetchone()[0]
+
+
+def cell(fixture: Fixture, streams: list[bool], args, upstream: core.Service, work: Path, progress) -> list[Run]:
+    """Every target for one CLI, in fresh processes: the non-streamed sessions, then the streamed ones."""
     work.mkdir(parents=True, exist_ok=True)
     api = api_of(fixture)
     targets = start_targets(args.targets, fixture, work, upstream, args)
     runs = [Run(fixture.cli, fixture.api, stream, t, [Session(api, n, stream) for n in range(args.sessions)])
-            for t in targets]
+            for stream in streams for t in targets]
     try:
-        asyncio.run(play(runs, bucket_ranges(args.turns, args.buckets)))
+        for stream in streams:
+            asyncio.run(play([r for r in runs if r.stream == stream], bucket_ranges(args.turns, args.buckets)))
     finally:
-        for run in runs:
-            finish(run)
+        for target in targets:
+            finish(target, [r for r in runs if r.target is target])
     for run in runs:
-        progress(f"{fixture.cli:<12} {'streamed' if stream else 'not streamed':<12} {run.target.name:<11} "
+        progress(f"{fixture.cli:<12} {'streamed' if run.stream else 'not streamed':<12} {run.target.name:<11} "
                  f"{run.calls} calls, CPU ms/call {[round(b.cpu_ms, 1) if b.cpu_ms else None for b in run.buckets]}, "
                  f"errors {len(run.errors)}{': ' + run.errors[0] if run.errors else ''}")
     return runs
@@ -324,7 +334,7 @@ def table(runs: list[Run], ranges: list[tuple[int, int]], title: str, markdown: 
             _f(r.pct(50)), _f(r.pct(99)), _f(base and r.pct(50) - base.pct(50)), _f(base and r.pct(99) - base.pct(99)),
             _f(r.rate), _ratio(r.rate, lite and lite.rate) if lite is not r else "–", _ratio(r.rate, base and base.rate),
             _f(r.db_bytes / r.tokens if r.db_bytes and r.tokens else None, 2),
-            f"{r.tokens // r.started:,}" if r.tokens else "–", _f(r.peak_rss and r.peak_rss / 2**20, 0),
+            f"{r.context:,}" if r.context else "–", _f(r.peak_rss and r.peak_rss / 2**20, 0),
         )
     return out
 
@@ -357,6 +367,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> list[Run]:
+    if argv is None:  # run as a script: a long run stopped with `kill` stops its servers too
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(argv)
     console, started, load_before = Console(width=300), time.perf_counter(), core.loadavg()
@@ -371,11 +383,11 @@ def main(argv: Sequence[str] | None = None) -> list[Run]:
                                                               "--max-model-len", "1048576", "--cache-entries", "64"])
         try:
             for fixture in fixtures:
-                for stream in core.streams_of(args.stream):
-                    cell_dir = work / f"{fixture.cli}-{'stream' if stream else 'plain'}"
-                    runs += cell(fixture, stream, args, upstream, cell_dir, lambda line: console.print(f"[dim]{line}"))
-                    if not args.dir:
-                        shutil.rmtree(cell_dir, ignore_errors=True)  # databases of finished cells: disk, not figures
+                cell_dir = work / fixture.cli
+                runs += cell(fixture, core.streams_of(args.stream), args, upstream, cell_dir,
+                             lambda line: console.print(f"[dim]{line}"))
+                if not args.dir:
+                    shutil.rmtree(cell_dir, ignore_errors=True)  # databases of finished cells: disk, not figures
         finally:
             upstream.stop()
     title = (f"Real harness traffic: {args.sessions} sessions x {args.turns} turns per target, in lock-step; one process "
