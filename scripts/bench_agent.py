@@ -318,21 +318,21 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def table(runs: list[Run], ranges: list[tuple[int, int]], title: str, markdown: bool) -> Table:
+    """One row per CLI, stream mode and target; ratios against LiteLLM and direct in the same CLI and mode."""
     out = Table(title=title, box=box.MARKDOWN if markdown else box.SIMPLE, title_justify="left")
-    buckets = [f"CPU ms/call t{a}–{b}" for a, b in ranges]
-    for col in ("CLI (API)", "stream", "target", "calls", "errors", *buckets, "CPU vs LiteLLM", "p50 ms", "p99 ms",
-                "added p50 ms", "added p99 ms", "calls/s", "calls/s vs LiteLLM", "calls/s vs direct", "DB B/token",
-                "final context tokens", "peak RSS MB"):
-        out.add_column(col, justify="left" if col in ("CLI (API)", "stream", "target") else "right")
+    for col in ("CLI", "API", "stream", "target", "calls", "errors", *(f"CPU ms/call t{a}–{b}" for a, b in ranges),
+                "CPU ÷ LiteLLM", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "calls/s", "calls/s ÷ LiteLLM",
+                "calls/s ÷ direct", "DB B/token", "longest context", "peak RSS MB"):
+        out.add_column(col, justify="left" if col in ("CLI", "API", "stream", "target") else "right", no_wrap=True)
     peers = {(r.cli, r.stream, r.target.name): r for r in runs}
     for r in runs:
         lite, direct = peers.get((r.cli, r.stream, "litellm")), peers.get((r.cli, r.stream, "direct"))
-        base = direct if direct is not r else None
+        lite, base = (lite if lite is not r else None), (direct if direct is not r else None)
         out.add_row(
-            f"{r.cli} ({r.api})", "yes" if r.stream else "no", r.target.name, str(r.calls), str(len(r.errors)),
-            *(_f(b.cpu_ms) for b in r.buckets), _ratio(r.cpu_ms, lite and lite.cpu_ms) if lite is not r else "–",
+            r.cli, r.api, "yes" if r.stream else "no", r.target.name, str(r.calls), str(len(r.errors)),
+            *(_f(b.cpu_ms) for b in r.buckets), _ratio(r.cpu_ms, lite and lite.cpu_ms),
             _f(r.pct(50)), _f(r.pct(99)), _f(base and r.pct(50) - base.pct(50)), _f(base and r.pct(99) - base.pct(99)),
-            _f(r.rate), _ratio(r.rate, lite and lite.rate) if lite is not r else "–", _ratio(r.rate, base and base.rate),
+            _f(r.rate), _ratio(r.rate, lite and lite.rate), _ratio(r.rate, base and base.rate),
             _f(r.db_bytes / r.tokens if r.db_bytes and r.tokens else None, 2),
             f"{r.context:,}" if r.context else "–", _f(r.peak_rss and r.peak_rss / 2**20, 0),
         )
@@ -371,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> list[Run]:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(argv)
-    console, started, load_before = Console(width=300), time.perf_counter(), core.loadavg()
+    console, started, load_before = Console(width=400), time.perf_counter(), core.loadavg()
     fixtures = [Fixture.load(cli) for cli in args.cli]
     ranges = bucket_ranges(args.turns, args.buckets)
     runs: list[Run] = []

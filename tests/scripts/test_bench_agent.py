@@ -48,7 +48,7 @@ def test_every_api_through_polar_and_direct(tokenizer_dir, tmp_path, capsys, mon
                    for target in (["direct"] if cli == "qwen_code" else []) + ["polar", "polar-chat"]]
     for run in runs:
         check_run(run)
-    assert "| claude_code (Anthropic Messages)" in out and "python scripts/bench_agent.py --sessions 2" in out
+    assert "| claude_code | Anthropic Messages |" in out and "python scripts/bench_agent.py --sessions 2" in out
     assert "direct: only the OpenAI Chat format" in out
 
 
@@ -61,4 +61,4 @@ def test_litellm_takes_every_format(tokenizer_dir, tmp_path, capsys, monkeypatch
     assert [(r.cli, r.target.name) for r in runs] == [(cli, t) for cli in ONE_PER_API for t in ("polar", "litellm")]
     for run in runs:
         check_run(run)
-    assert "CPU vs LiteLLM" in capsys.readouterr().out
+    assert "CPU ÷ LiteLLM" in capsys.readouterr().out
