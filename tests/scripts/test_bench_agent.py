@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from polar.capture.reader import CaptureReader
@@ -48,7 +50,8 @@ def test_every_api_through_polar_and_direct(tokenizer_dir, tmp_path, capsys, mon
                    for target in (["direct"] if cli == "qwen_code" else []) + ["polar", "polar-chat"]]
     for run in runs:
         check_run(run)
-    assert "| claude_code | Anthropic Messages |" in out and "python scripts/bench_agent.py --sessions 2" in out
+    assert re.search(r"\| claude_code +\| Anthropic Messages +\| no +\| polar ", out)
+    assert "python scripts/bench_agent.py --sessions 2" in out
     assert "direct: only the OpenAI Chat format" in out
 
 
