@@ -38,22 +38,25 @@ import bench_proxy as core  # noqa: E402  (the measurement core)
 DEFAULT_LITELLM = core.CACHE / "litellm-venv" / "bin" / "litellm"
 
 
-def litellm_config(upstream_url: str, token_ids: bool = True, extra_body: dict | None = None) -> dict:
-    """The LiteLLM proxy's model list: the Anthropic model name served by the upstream's chat endpoint
-    (`extra_body`: more fields for every upstream request)."""
-    params = {"model": f"hosted_vllm/{core.DIRECT_BODY['model']}", "api_base": f"{upstream_url}/v1", "api_key": "bench"}
+def litellm_config(upstream_url: str, token_ids: bool = True, extra_body: dict | None = None,
+                   names: Sequence[str] = (core.ANTHROPIC_BODY["model"],), extra_params: dict | None = None) -> dict:
+    """The LiteLLM proxy's model list: each model name (default: the Anthropic one) served by the upstream's
+    chat endpoint (`extra_body`: more fields for every upstream request; `extra_params`: more litellm_params)."""
+    params = {**(extra_params or {}), "model": f"hosted_vllm/{core.DIRECT_BODY['model']}", "api_base": f"{upstream_url}/v1", "api_key": "bench"}
     if token_ids:  # what polar asks vLLM for as well: the upstream does the same work and sends the same bytes
         params["extra_body"] = {"return_token_ids": True, "logprobs": True}
     if extra_body:
         params["extra_body"] = {**params.get("extra_body", {}), **extra_body}
-    return {"model_list": [{"model_name": core.ANTHROPIC_BODY["model"], "litellm_params": params}]}
+    return {"model_list": [{"model_name": name, "litellm_params": params} for name in names]}
 
 
 def start_litellm(workdir: Path, upstream: core.Service, executable: Path, token_ids: bool = True,
-                  extra_body: dict | None = None) -> core.Service:
+                  extra_body: dict | None = None, names: Sequence[str] = (core.ANTHROPIC_BODY["model"],),
+                  extra_params: dict | None = None) -> core.Service:
     name = "litellm" if token_ids else "litellm-plain"
     config = workdir / f"{name}.yaml"
-    config.write_text(json.dumps(litellm_config(core.upstream_url(upstream), token_ids, extra_body), indent=2))  # JSON is YAML
+    settings = litellm_config(core.upstream_url(upstream), token_ids, extra_body, names, extra_params)
+    config.write_text(json.dumps(settings, indent=2))  # JSON is YAML
     port = core.free_port()
     cmd = [str(executable), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1",
            "--telemetry", "False"]

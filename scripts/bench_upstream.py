@@ -17,7 +17,8 @@ prefill; as uvicorn does, the HTTP headers go out only with it) and `--token-del
 tokens, on a fixed schedule from the request's arrival (so every stream of an answer takes the same
 time). Both default to 0 (unpaced). `--answer-tokens N` makes the double answer every conversation
 with one text of about N tokens (default: its short scripted answer); `--script FILE` gives it a
-whole script instead (reasoning, text, tool calls), `--max-model-len` its context window. `GET /v1/models` is the
+whole script instead (reasoning, text, tool calls), `--max-model-len` its context window,
+`--cache-entries N` keeps only the N latest answers (sessions that grow turn by turn never repeat a body). `GET /v1/models` is the
 double's (with `max_model_len`), so polar's token-faithful mode runs against it too.
 `GET /_bench/stats` tells how many calls missed the cache (one per distinct body) and lists the
 bodies, and the last body received on each path; `GET /_bench/streams` when each paced stream's
@@ -25,7 +26,7 @@ request arrived and when its first token was written (wall clock).
 
     python scripts/bench_upstream.py --port 8000 [--tokenizer DIR] [--token-delay-ms 10]
                                      [--first-token-delay-ms 20] [--answer-tokens 200]
-                                     [--script FILE] [--max-model-len 32768]
+                                     [--script FILE] [--max-model-len 32768] [--cache-entries N]
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class CachedDouble:
     """The double's answer to each distinct request body (per path), computed once."""
 
     def __init__(self, tokenizer_dir: str | Path, answer_tokens: int | None = None, script: Path | None = None,
-                 max_model_len: int = 32768):
+                 max_model_len: int = 32768, cache_entries: int | None = None):
         from polar.doubles.script import Script
         from polar.doubles.scripted_vllm import ScriptedVLLM
 
@@ -73,7 +74,8 @@ class CachedDouble:
             text = long_answer(self.double.tokenizer, answer_tokens)
             self.double.script = Script([{"match": None, "steps": [{"content": text}]}])
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.double.app), base_url="http://double")
-        self.answers: dict[str, tuple[int, bytes]] = {}
+        self.answers: dict[str, tuple[int, bytes]] = {}  # oldest first: evicted first past `cache_entries`
+        self.cache_entries = cache_entries
         self.last: dict[str, Any] = {}  # path → the last body received there, as received
         self.streams: list[tuple[str, float, float]] = []  # (path, arrival, first token written): wall clock
         self.streamed: dict[tuple[str, bool], tuple[list[bytes], list[bytes], list[bytes]]] = {}
@@ -90,7 +92,16 @@ class CachedDouble:
             self.misses += 1
             resp = await self.client.post(path, json=plain)
             self.answers[key] = (resp.status_code, resp.content)
+            self._evict()
         return (*self.answers[key], key)
+
+    def _evict(self) -> None:
+        """Past `cache_entries`, the oldest answers go (and their streams): growing sessions never repeat a body."""
+        while self.cache_entries and len(self.answers) > self.cache_entries:
+            oldest = next(iter(self.answers))
+            del self.answers[oldest]
+            for usage in (False, True):
+                self.streamed.pop((oldest, usage), None)
 
     def stream_parts(self, key: str, usage: bool, build: Any) -> tuple[list[bytes], list[bytes], list[bytes]]:
         """An answer's stream events, built once per answer (and usage choice): a repeat costs nothing."""
@@ -251,10 +262,11 @@ def main() -> None:
                     help="answer every conversation with a text of about this many tokens")
     ap.add_argument("--script", type=Path, help="the double's script (JSON: polar/doubles/script.py) instead")
     ap.add_argument("--max-model-len", type=int, default=32768, help="the context window the double serves")
+    ap.add_argument("--cache-entries", type=int, default=None, help="keep only this many answers (default: all)")
     args = ap.parse_args()
     if not (Path(args.tokenizer) / "tokenizer.json").exists():
         ap.error(f"no tokenizer at {args.tokenizer} (build one: scripts/build_tiny_model.py --tokenizer-only)")
-    app = make_app(CachedDouble(args.tokenizer, args.answer_tokens, args.script, args.max_model_len),
+    app = make_app(CachedDouble(args.tokenizer, args.answer_tokens, args.script, args.max_model_len, args.cache_entries),
                    args.first_token_delay_ms / 1000,
                    args.token_delay_ms / 1000)
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)

@@ -8,22 +8,12 @@ out, unset uses it when that venv is already in the cache.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from tests.conftest import CACHE
 from tests.support.scripts import load_script
+from tests.support.scripts import with_litellm as _with_litellm
 
 pytestmark = pytest.mark.slow
-LITELLM = CACHE / "litellm-venv" / "bin" / "litellm"
-
-
-def _with_litellm() -> bool:
-    wanted = os.environ.get("POLAR_BENCH_LITELLM")
-    if wanted == "1" and not os.access(LITELLM, os.X_OK):
-        pytest.fail(f"POLAR_BENCH_LITELLM=1 but no LiteLLM proxy at {LITELLM}: run scripts/setup_litellm.sh")
-    return wanted != "0" and os.access(LITELLM, os.X_OK)
 
 
 def _check_cells(cells, targets: list[str]) -> None:

@@ -13,41 +13,20 @@ to remove the mark.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
 from polar.doubles.model_format import ModelFormat
-from polar.harnesses import CLIS, Harness, write_files
-from polar.runtime import SandboxSpec
+from polar.harnesses import CLIS, Harness, bugfix
+from polar.harnesses.bugfix import Run, steps
 from tests.conftest import real_template
 
 pytestmark = pytest.mark.docker
 
-RUN_TIMEOUT_S = 180
-REPO = "/work/repo"
-CALC = "def add(a, b):\n    return a - b\n"
-TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
-FIX = "sed -i 's/a - b/a + b/' calc.py"
-REASONING = "The operator in add is a minus; it should be a plus."
 LEAKY = ("BASE_URL", "PROXY", "API_BASE", "ENDPOINT")  # names that would point a CLI somewhere
-# CLIs that send several system/developer messages (Codex: instructions + developer items).
-
-
-@dataclass
-class Run:
-    harness: Harness
-    session: str
-    marker: str
-    exit_code: int
-    output: str
-    calc: str
-    env: str
-    seconds: float
 
 
 @pytest.fixture(scope="module")
@@ -63,39 +42,13 @@ def images(docker_client, node_image):
     return image
 
 
-def task_prompt(marker: str) -> str:
-    return f"[{marker}] The test in test_calc.py fails. Fix the bug in calc.py."
-
-
 def script(transparent, runs: list[tuple[Harness, str]]) -> None:
     """One rule per session: the harness's shell tool runs the fix (after a read if it insists), then "done"."""
     transparent.stack.script(rules=[{"match": marker, "steps": steps(harness)} for harness, marker in runs])
 
 
-def steps(harness: Harness) -> list[dict]:
-    read = harness.read_tool(f"{REPO}/calc.py")
-    calls = ([read] if read else []) + [harness.shell_tool(FIX)]
-    # Reasoning on each tool turn: the CLI must carry it (and its signature) back in its history.
-    return [{"reasoning": REASONING, "content": "", "tool_calls": [call]} for call in calls] + [{"content": "done"}]
-
-
 def run_task(transparent, image: str, harness: Harness, session: str, tmp_path: Path) -> Run:
-    marker = f"polar-task-{session}"
-    repo = tmp_path / session / "repo"
-    repo.mkdir(parents=True)
-    (repo / "calc.py").write_text(CALC)
-    (repo / "test_calc.py").write_text(TEST)
-    spec = SandboxSpec(image=image, session=session, ca_cert=transparent.ca_cert, env=harness.env(session))
-    with transparent.runtime.start(spec) as box:
-        write_files(box, harness.files())
-        box.copy_in(repo, REPO)
-        env = box.exec("env").stdout
-        started = time.monotonic()
-        done = box.exec(harness.command(task_prompt(marker)), timeout=RUN_TIMEOUT_S, workdir=REPO)
-        seconds = time.monotonic() - started
-        box.copy_out(f"{REPO}/calc.py", tmp_path / session / "calc.py")
-    calc = (tmp_path / session / "calc.py").read_text()
-    return Run(harness, session, marker, done.exit_code, done.stdout + done.stderr, calc, env, seconds)
+    return bugfix.run_task(transparent.runtime, transparent.ca_cert, image, harness, session, tmp_path)
 
 
 def check(run: Run, rows: list[dict], template: str | None = None) -> None:
@@ -112,7 +65,7 @@ def check(run: Run, rows: list[dict], template: str | None = None) -> None:
     # The follow-up turn's history holds the tool turn's reasoning: the CLI echoed it (text, signed
     # block or sealed blob) and polar recovered it. (A model that never reasons, Qwen3-Coder, wrote none.)
     if template is None or ModelFormat.for_template(real_template(template).read_text()).knows_think:
-        assert REASONING in str(routed[-1]["canonical"]), summary(rows)
+        assert bugfix.REASONING in str(routed[-1]["canonical"]), summary(rows)
     # After its first call the main conversation's prompts extend the earlier prompt + sampled ids; a
     # re-render is only the start of another conversation (a CLI's side call, e.g. opencode's title).
     # (A call that started before the session's first one ended, as opencode's title call does when first

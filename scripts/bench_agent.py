@@ -1,0 +1,407 @@
+#!/usr/bin/env python3
+"""Benchmark: real harness traffic — the six CLIs' recorded requests replayed as sessions growing to 100k+ tokens.
+
+Each CLI's real first request (data/harness_requests/<cli>.json, scripts/record_harness_requests.py) starts
+--sessions sessions at once; every turn appends the answer the client received (parsed from that provider's
+response, streamed or not) and ~2 KB of tool output in the CLI's own tool-result shape (scripts/agent_replay.py),
+for --turns turns. The same upstream serves every target (scripts/bench_upstream.py: the scripted vLLM double,
+real tokenizer, whose script makes every turn think, say a line and call the CLI's shell tool):
+  direct      — the request straight to the upstream (OpenAI Chat only: the upstream speaks nothing else), with the
+                token ids and logprobs polar asks for;
+  polar       — `polar proxy`, token-faithful (the tokenizer given: /inference/v1/generate upstream);
+  polar-chat  — `polar proxy` in chat-template mode (the upstream renders the prompt);
+  litellm     — the LiteLLM proxy (scripts/bench_peers.py's set-up: one worker, hosted_vllm, the same token ids
+                and logprobs asked for), on its route for that format; Responses bridged to chat completions
+                (use_chat_completions_api: hosted_vllm would otherwise call the upstream's own /v1/responses).
+Every CLI runs its targets in fresh processes (its non-streamed sessions, then its streamed ones), side by
+side: turn buckets (--buckets) run in lock-step — every session of a target takes turn t before any takes t + 1 —
+one target's bucket after another's, so a bucket's CPU (bench_proxy.cpu_seconds of the proxy process and its
+children, between the bucket's ends) is spent only on calls of those turns; one untimed warm-up call per target
+first. Reported per target: proxy CPU ms per call by bucket, p50/p99 latency and added latency vs direct, calls/s,
+with ratios against LiteLLM and direct; and per CLI over both stream modes (they share the processes): the whole
+capture DB's bytes per unique token (bench_storage's definitions: VACUUMed size / the sum of each session's final
+context), the longest context reached, peak RSS (VmHWM of the process and its children).
+On 2 cores client, proxies and upstream share the CPU: read CPU per call, ratios and the growth over buckets,
+not absolute latency.
+
+    python scripts/bench_agent.py [--cli claude_code codex gemini_cli qwen_code] [--sessions 16] [--turns 120]
+                                  [--buckets 10 30 60 100] [--stream both] [--no-litellm] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_proxy as core  # noqa: E402
+from agent_replay import AUTH, Fixture, Session, api_of  # noqa: E402
+from bench_peers import DEFAULT_LITELLM, start_litellm  # noqa: E402
+from bench_storage import measure, prose, unique_tokens  # noqa: E402
+
+from polar.harnesses import get as harness_of  # noqa: E402
+
+TARGETS = ("direct", "polar", "polar-chat", "litellm")
+DEFAULT_CLIS = ("claude_code", "codex", "gemini_cli", "qwen_code")  # one per provider API, and Claude Code
+UPSTREAM_MODEL = core.DIRECT_BODY["model"]
+# LiteLLM's own route for each format (polar answers the CLI's path as recorded).
+LITELLM_PATHS = {"anthropic": "/v1/messages", "openai_chat": "/v1/chat/completions", "openai_responses": "/v1/responses"}
+
+
+# -- the upstream's script ---------------------------------------------------------------------------------
+
+
+def script(clis: Sequence[str], turns: int) -> dict[str, Any]:
+    """One rule per CLI (matched by its recorded task marker): every turn reasons, says a line and calls the
+    CLI's own shell tool with a different command."""
+    rng = random.Random("answers")
+    rules = []
+    for cli in clis:
+        harness = harness_of(cli)
+        steps = [{"reasoning": prose(rng, 400), "content": prose(rng, 150),
+                  "tool_calls": [harness.shell_tool(f"pytest -x tests/test_{t}.py -k case_{t}")]} for t in range(turns)]
+        rules.append({"match": Fixture.load(cli).marker, "steps": steps})
+    return {"rules": rules}
+
+
+# -- targets -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """One proxy (or the upstream itself) for one CLI's format."""
+
+    name: str
+    base: str  # root URL
+    proxy: core.Service | None
+    db: Path | None = None  # polar's capture database
+
+    def url(self, fixture: Fixture, path: str) -> str:
+        if self.name == "direct":
+            return f"{self.base}/v1/chat/completions"
+        if self.name == "litellm" and fixture.provider in LITELLM_PATHS:
+            return self.base + LITELLM_PATHS[fixture.provider] + ("?beta=true" if "beta=true" in path else "")
+        return self.base + path  # polar: the CLI's own path; LiteLLM's Gemini routes are Google's paths
+
+    def body(self, raw: bytes) -> bytes:
+        if self.name != "direct":
+            return raw
+        body = json.loads(raw)  # what polar and LiteLLM send the upstream: its model name, ids and logprobs
+        body.update(model=UPSTREAM_MODEL, return_token_ids=True, logprobs=True)
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def formats_of(target: str, provider: str) -> bool:
+    """Whether a target can take that provider's format at all (direct: only the upstream's own)."""
+    return target != "direct" or provider == "openai_chat"
+
+
+def start_targets(names: Sequence[str], fixture: Fixture, work: Path, upstream: core.Service, args) -> list[Target]:
+    targets = []
+    for name in names:
+        if not formats_of(name, fixture.provider):
+            continue
+        if name == "direct":
+            targets.append(Target(name, core.upstream_url(upstream), None))
+        elif name in ("polar", "polar-chat"):
+            tokenizer = args.tokenizer if name == "polar" else None
+            proxy = core.start_polar(work, upstream, args.sync, tokenizer)
+            tag = args.sync.lower() + ("-tokens" if tokenizer else "")
+            targets.append(Target(name, proxy.health_url.rstrip("/"), proxy, work / f"captures-{tag}.db"))
+        else:
+            model = fixture.first.get("model") or harness_of(fixture.cli).model  # Gemini's is in the path
+            # Responses bridged to the upstream's chat endpoint (LiteLLM would call a vLLM's own /v1/responses).
+            proxy = start_litellm(work, upstream, Path(args.litellm), names=[model],
+                                  extra_params={"use_chat_completions_api": True})
+            targets.append(Target(name, proxy.health_url.removesuffix("/health/liveliness"), proxy))
+    return targets
+
+
+# -- the load --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Bucket:
+    """One target's calls over a range of turns."""
+
+    first: int
+    last: int
+    calls: int = 0
+    cpu: float | None = None  # proxy seconds over the bucket
+    wall: float = 0.0
+
+    @property
+    def cpu_ms(self) -> float | None:
+        return None if self.cpu is None or not self.calls else self.cpu * 1000 / self.calls
+
+
+@dataclass
+class Run:
+    """One target for one CLI, streamed or not: its sessions, buckets, latencies and what went wrong."""
+
+    cli: str
+    api: str
+    stream: bool
+    target: Target
+    sessions: list[Session]
+    buckets: list[Bucket] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    peak_rss: int | None = None  # bytes
+    db_bytes: int | None = None
+    tokens: int | None = None  # unique tokens: the sum of the sessions' final contexts (polar's database)
+    context: int | None = None  # the longest context a session reached (polar's database)
+
+    @property
+    def calls(self) -> int:
+        return sum(b.calls for b in self.buckets)
+
+    @property
+    def cpu_ms(self) -> float | None:
+        cpu = [b.cpu for b in self.buckets if b.cpu is not None]
+        return cpu and self.calls and sum(cpu) * 1000 / self.calls or None
+
+    @property
+    def rate(self) -> float:
+        wall = sum(b.wall for b in self.buckets)
+        return self.calls / wall if wall else 0.0
+
+    def pct(self, q: int) -> float:
+        return core.percentile(self.latencies, q) * 1000
+
+
+async def send(client: httpx.AsyncClient, run: Run, session: Session) -> bytes:
+    """One turn's request as the CLI sent it (its recorded headers, a dummy key, polar's session header)."""
+    fixture = session.api.fixture
+    path, raw = session.request()
+    headers = {**fixture.headers, **AUTH[fixture.provider], "x-polar-session": f"{run.cli}-{run.stream:d}-{session.number}"}
+    resp = await client.post(run.target.url(fixture, path), content=run.target.body(raw), headers=headers)
+    if resp.status_code != 200 or b"event: error" in resp.content:
+        raise ValueError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+    return resp.content
+
+
+async def call(client: httpx.AsyncClient, run: Run, session: Session) -> None:
+    """One timed turn of one session; a failed call ends that session (its history can no longer grow as the
+    client's would)."""
+    started = time.perf_counter()
+    try:
+        raw = await send(client, run, session)
+        run.latencies.append(time.perf_counter() - started)
+        session.received(raw)
+    except (httpx.HTTPError, ValueError, KeyError, StopIteration) as exc:
+        run.errors.append(f"{run.target.name} session {session.number} turn {session.turns + 1}: {exc!r}"[:500])
+        run.sessions.remove(session)
+
+
+async def warm(client: httpx.AsyncClient, run: Run) -> None:
+    """One untimed first turn in a session of its own (start-up work, first-use caches); a target that cannot
+    take the format at all fails here, and its sessions do not run."""
+    session = Session(run.sessions[0].api, -1, run.stream)
+    try:
+        session.received(await send(client, run, session))
+    except (httpx.HTTPError, ValueError, KeyError, StopIteration) as exc:
+        run.errors.append(f"{run.target.name} cannot take this format: {exc!r}"[:500])
+        run.sessions.clear()
+
+
+async def bucket(client: httpx.AsyncClient, run: Run, first: int, last: int) -> None:
+    """Turns first..last in lock-step, CPU measured around them."""
+    proxy = run.target.proxy
+    done, cpu0, t0 = len(run.latencies), proxy.cpu_seconds() if proxy else None, time.perf_counter()
+    for _ in range(first, last + 1):
+        await asyncio.gather(*(call(client, run, s) for s in list(run.sessions)))
+    wall = time.perf_counter() - t0
+    cpu = proxy.cpu_seconds() - cpu0 if proxy else None
+    run.buckets.append(Bucket(first, last, len(run.latencies) - done, cpu, wall))
+
+
+def bucket_ranges(turns: int, ends: Sequence[int]) -> list[tuple[int, int]]:
+    """1..e1, e1+1..e2, ... up to `turns` (the last bucket ends at `turns`)."""
+    edges = [0, *(e for e in sorted(ends) if e < turns), turns]
+    return [(a + 1, b) for a, b in zip(edges, edges[1:], strict=False)]
+
+
+async def play(runs: list[Run], ranges: list[tuple[int, int]]) -> None:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        for run in runs:
+            await warm(client, run)
+        for first, last in ranges:
+            for run in runs:  # side by side: a load spike hits every target's bucket alike
+                await bucket(client, run, first, last)
+
+
+# -- after a run -------------------------------------------------------------------------------------------
+
+
+def peak_rss(pid: int) -> int:
+    """VmHWM of a process and its live children, in bytes."""
+    total = 0
+    for p in [pid, *core._descendants(pid)]:
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+    return total
+
+
+def finish(target: Target, runs: list[Run]) -> None:
+    """Peak RSS, then the proxy stopped (its captures committed) and polar's database measured; the figures
+    go to each of the target's runs (the streamed and the non-streamed sessions share its process)."""
+    if target.proxy is None:
+        return
+    rss = peak_rss(target.proxy.proc.pid)
+    target.proxy.stop()
+    db = target.db if target.db and target.db.exists() else None
+    db_bytes, tokens, context = (measure(db)["whole DB"], unique_tokens(db), longest_context(db)) if db else (None,) * 3
+    for run in runs:
+        run.peak_rss, run.db_bytes, run.tokens, run.context = rss, db_bytes, tokens, context
+
+
+def longest_context(db: Path) -> int:
+    """The largest context a session reached: its last call's prompt + completion."""
+    with closing(sqlite3.connect(db)) as conn:
+        return conn.execute("SELECT max(prompt_len + completion_len) FROM calls WHERE status = 'ok'").fetchone()[0]
+
+
+def cell(fixture: Fixture, streams: list[bool], args, upstream: core.Service, work: Path, progress) -> list[Run]:
+    """Every target for one CLI, in fresh processes: the non-streamed sessions, then the streamed ones."""
+    work.mkdir(parents=True, exist_ok=True)
+    api = api_of(fixture)
+    targets = start_targets(args.targets, fixture, work, upstream, args)
+    runs = [Run(fixture.cli, fixture.api, stream, t, [Session(api, n, stream) for n in range(args.sessions)])
+            for stream in streams for t in targets]
+    try:
+        for stream in streams:
+            asyncio.run(play([r for r in runs if r.stream == stream], bucket_ranges(args.turns, args.buckets)))
+    finally:
+        for target in targets:
+            finish(target, [r for r in runs if r.target is target])
+    for run in runs:
+        progress(f"{fixture.cli:<12} {'streamed' if run.stream else 'not streamed':<12} {run.target.name:<11} "
+                 f"{run.calls} calls, CPU ms/call {[round(b.cpu_ms, 1) if b.cpu_ms else None for b in run.buckets]}, "
+                 f"errors {len(run.errors)}{': ' + run.errors[0] if run.errors else ''}")
+    return runs
+
+
+# -- report ----------------------------------------------------------------------------------------------------
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None or value != value else f"{value:.{digits}f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "–" if not a or not b else f"{a / b:.2f}"
+
+
+def table(runs: list[Run], ranges: list[tuple[int, int]], title: str, markdown: bool) -> Table:
+    """One row per CLI, stream mode and target; ratios against LiteLLM and direct in the same CLI and mode."""
+    out = Table(title=title, box=box.MARKDOWN if markdown else box.SIMPLE, title_justify="left")
+    for col in ("CLI", "API", "stream", "target", "calls", "errors", *(f"CPU ms/call t{a}–{b}" for a, b in ranges),
+                "CPU ÷ LiteLLM", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "calls/s", "calls/s ÷ LiteLLM",
+                "calls/s ÷ direct", "DB B/token", "longest context", "peak RSS MB"):
+        out.add_column(col, justify="left" if col in ("CLI", "API", "stream", "target") else "right", no_wrap=True)
+    peers = {(r.cli, r.stream, r.target.name): r for r in runs}
+    for r in runs:
+        lite, direct = peers.get((r.cli, r.stream, "litellm")), peers.get((r.cli, r.stream, "direct"))
+        lite, base = (lite if lite is not r else None), (direct if direct is not r else None)
+        out.add_row(
+            r.cli, r.api, "yes" if r.stream else "no", r.target.name, str(r.calls), str(len(r.errors)),
+            *(_f(b.cpu_ms) for b in r.buckets), _ratio(r.cpu_ms, lite and lite.cpu_ms),
+            _f(r.pct(50)), _f(r.pct(99)), _f(base and r.pct(50) - base.pct(50)), _f(base and r.pct(99) - base.pct(99)),
+            _f(r.rate), _ratio(r.rate, lite and lite.rate), _ratio(r.rate, base and base.rate),
+            _f(r.db_bytes / r.tokens if r.db_bytes and r.tokens else None, 2),
+            f"{r.context:,}" if r.context else "–", _f(r.peak_rss and r.peak_rss / 2**20, 0),
+        )
+    return out
+
+
+# -- main ---------------------------------------------------------------------------------------------------------
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cli", nargs="+", default=list(DEFAULT_CLIS), help="fixtures to replay (data/harness_requests)")
+    ap.add_argument("--sessions", type=int, default=16, help="sessions at once per target (16 to 256)")
+    ap.add_argument("--turns", type=int, default=120, help="turns per session (~120 reach 100k tokens)")
+    ap.add_argument("--buckets", type=int, nargs="+", default=[10, 30, 60, 100], help="last turn of each bucket")
+    ap.add_argument("--stream", choices=["no", "yes", "both"], default="both")
+    ap.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
+    ap.add_argument("--sync", choices=["FULL", "NORMAL"], default="FULL", help="polar's capture commit mode")
+    ap.add_argument("--tokenizer", default=str(core.DEFAULT_TOKENIZER))
+    ap.add_argument("--litellm", default=str(DEFAULT_LITELLM), help="the LiteLLM proxy's `litellm` executable")
+    ap.add_argument("--no-litellm", action="store_true")
+    ap.add_argument("--dir", type=Path, help="keep databases and logs here (default: a temporary directory)")
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args(argv)
+    if args.no_litellm:
+        args.targets = [t for t in args.targets if t != "litellm"]
+    if "litellm" in args.targets and not os.access(args.litellm, os.X_OK):
+        ap.error(f"no LiteLLM proxy at {args.litellm}: run scripts/setup_litellm.sh (or pass --no-litellm)")
+    if min(args.sessions, args.turns) < 1:
+        ap.error("--sessions and --turns must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> list[Run]:
+    if argv is None:  # run as a script: a long run stopped with `kill` stops its servers too
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse(argv)
+    console, started, load_before = Console(width=400), time.perf_counter(), core.loadavg()
+    fixtures = [Fixture.load(cli) for cli in args.cli]
+    ranges = bucket_ranges(args.turns, args.buckets)
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="polar-bench-agent-") as tmp:
+        work = args.dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "script.json").write_text(json.dumps(script(args.cli, args.turns)))
+        upstream = core.start_upstream(work, args.tokenizer, ["--script", str(work / "script.json"),
+                                                              "--max-model-len", "1048576", "--cache-entries", "64"])
+        try:
+            for fixture in fixtures:
+                cell_dir = work / fixture.cli
+                runs += cell(fixture, core.streams_of(args.stream), args, upstream, cell_dir,
+                             lambda line: console.print(f"[dim]{line}"))
+                if not args.dir:
+                    shutil.rmtree(cell_dir, ignore_errors=True)  # databases of finished cells: disk, not figures
+        finally:
+            upstream.stop()
+    title = (f"Real harness traffic: {args.sessions} sessions x {args.turns} turns per target, in lock-step; one process "
+             f"per proxy (polar captures synchronous={args.sync}; LiteLLM --num_workers 1); {os.cpu_count()} cores shared")
+    core.print_report(console, table(runs, ranges, title, args.markdown), unsupported(args, fixtures), args.markdown,
+                      load_before, started, core.command_line("bench_agent.py", argv))
+    return runs
+
+
+def unsupported(args, fixtures: list[Fixture]) -> list[str]:
+    skipped = sorted({f.api for f in fixtures if not formats_of("direct", f.provider)})
+    return [f"direct: only the OpenAI Chat format (the upstream speaks nothing else); not for {', '.join(skipped)}"] \
+        if "direct" in args.targets and skipped else []
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""scripts/bench_agent.py end to end at a tiny size: one CLI per provider API, replayed through every target."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from polar.capture.reader import CaptureReader
+from tests.support.scripts import load_script, with_litellm
+
+pytestmark = pytest.mark.slow
+SESSIONS, TURNS = 2, 3
+ONE_PER_API = ["claude_code", "codex", "gemini_cli", "qwen_code"]
+
+
+def tiny(bench, tokenizer_dir, tmp_path, *args: str) -> list:
+    return bench.main(["--sessions", str(SESSIONS), "--turns", str(TURNS), "--buckets", "1", "--tokenizer",
+                       str(tokenizer_dir), "--dir", str(tmp_path), "--markdown", *args])
+
+
+def check_run(run, first_request_tokens: int = 1000) -> None:
+    """Every replayed call accepted and answered with a tool call; the figures there and sane."""
+    assert run.errors == [] and run.calls == SESSIONS * TURNS, (run.cli, run.target.name, run.errors)
+    assert all(s.turns == TURNS for s in run.sessions) and len(run.sessions) == SESSIONS
+    assert [(b.first, b.last) for b in run.buckets] == [(1, 1), (2, TURNS)]
+    assert 0 < run.pct(50) <= run.pct(99) < 120_000 and run.rate > 0
+    if run.target.proxy is None:  # direct
+        assert run.cpu_ms is None and run.peak_rss is None
+        return
+    assert run.cpu_ms and 0 < run.cpu_ms < 5_000
+    assert 50 * 2**20 < run.peak_rss < 8 * 2**30
+    if run.target.db:  # polar: every call captured, in its session; bytes per unique token of a real DB
+        rows = list(CaptureReader(run.target.db).calls(with_tokens=False))
+        mine = [r for r in rows if r["stream"] == run.stream]  # both modes' sessions share the database
+        assert [r["status"] for r in mine] == ["ok"] * (SESSIONS * TURNS + 1)  # + the warm-up call
+        assert len({r["session_id"] for r in mine}) == SESSIONS + 1
+        assert run.context > first_request_tokens
+        assert 1 < run.db_bytes / run.tokens < 200
+
+
+def test_every_api_through_polar_and_direct(tokenizer_dir, tmp_path, capsys, monkeypatch):
+    bench = load_script(monkeypatch, "bench_agent")
+    monkeypatch.setenv("COLUMNS", "300")
+    runs = tiny(bench, tokenizer_dir, tmp_path, "--cli", *ONE_PER_API, "--targets", "direct", "polar", "polar-chat")
+    out = capsys.readouterr().out
+    got = [(r.cli, r.stream, r.target.name) for r in runs]
+    # direct only where the upstream speaks the format: OpenAI Chat.
+    assert got == [(cli, stream, target) for cli in ONE_PER_API for stream in (False, True)
+                   for target in (["direct"] if cli == "qwen_code" else []) + ["polar", "polar-chat"]]
+    for run in runs:
+        check_run(run)
+    assert re.search(r"\| claude_code +\| Anthropic Messages +\| no +\| polar ", out)
+    assert "python scripts/bench_agent.py --sessions 2" in out
+    assert "direct: only the OpenAI Chat format" in out
+
+
+def test_litellm_takes_every_format(tokenizer_dir, tmp_path, capsys, monkeypatch):
+    """LiteLLM on its own route for each API (Responses bridged to chat completions), streamed: ratios against it."""
+    if not with_litellm():
+        pytest.skip("no LiteLLM venv (scripts/setup_litellm.sh)")
+    bench = load_script(monkeypatch, "bench_agent")
+    runs = tiny(bench, tokenizer_dir, tmp_path, "--cli", *ONE_PER_API, "--stream", "yes", "--targets", "polar", "litellm")
+    assert [(r.cli, r.target.name) for r in runs] == [(cli, t) for cli in ONE_PER_API for t in ("polar", "litellm")]
+    for run in runs:
+        check_run(run)
+    assert "CPU ÷ LiteLLM" in capsys.readouterr().out
