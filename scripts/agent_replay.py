@@ -169,8 +169,19 @@ class Gemini(Api):
         return body  # the path says it
 
     def answer(self, raw: bytes, stream: bool) -> dict[str, Any]:
+        """As Gemini CLI keeps a streamed answer in its history: thoughts dropped, each run of plain text
+        parts (one per chunk) joined into one part."""
         chunks = sse_data(raw) if stream else [json.loads(raw)]
-        parts = [p for c in chunks for cand in c.get("candidates") or [] for p in (cand.get("content") or {}).get("parts") or []]
+        parts: list[dict[str, Any]] = []
+        for chunk in chunks:
+            for cand in chunk.get("candidates") or []:
+                for part in (cand.get("content") or {}).get("parts") or []:
+                    if part.get("thought"):
+                        continue
+                    if parts and _plain_text(parts[-1]) and _plain_text(part):
+                        parts[-1] = {**parts[-1], "text": parts[-1]["text"] + part["text"]}
+                    else:
+                        parts.append(part)
         return {"role": "model", "parts": parts}
 
     def tool_calls(self, answer: dict[str, Any]) -> list[tuple[str, str]]:
@@ -181,6 +192,11 @@ class Gemini(Api):
         parts = [{"functionResponse": {**shape, "id": call_id, "name": name, "response": {"output": out}}}
                  for (call_id, name), out in zip(self.tool_calls(answer), outputs, strict=True)]
         body["contents"] = body["contents"] + [answer, {"role": "user", "parts": parts}]
+
+
+def _plain_text(part: dict[str, Any]) -> bool:
+    return isinstance(part.get("text"), str) and not part.get("thought") and not (
+        {"functionCall", "functionResponse", "inlineData", "fileData"} & part.keys())
 
 
 APIS: dict[str, type[Api]] = {"anthropic": Anthropic, "openai_chat": OpenAIChat, "openai_responses": OpenAIResponses,

@@ -48,7 +48,10 @@ def body_object(body: Any) -> dict:
 def _name(body: dict, key: Key) -> str:
     if isinstance(key, str):
         return key
-    return next((n for n in key if body.get(n) is not None), key[0])
+    for name in key:
+        if body.get(name) is not None:
+            return name
+    return key[0]
 
 
 # Every block of every message is checked on every call (a turn re-sends the whole history), so the
