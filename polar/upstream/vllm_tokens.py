@@ -138,9 +138,9 @@ class TokenFaithful:
             self.endpoint = await self._probe_generate()
         streaming = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
         if self.endpoint == "generate":
+            # No return_token_ids: the sampled ids come anyway; it would only echo the prompt polar built.
             return GENERATE, {"model": await self.model(), "token_ids": prompt_ids,
-                              "sampling_params": {**params, "logprobs": 0}, "output_mode": "tokens",
-                              "return_token_ids": True, **streaming}
+                              "sampling_params": {**params, "logprobs": 0}, "output_mode": "tokens", **streaming}
         return COMPLETIONS, {"model": await self.model(), "prompt": prompt_ids, **params, "logprobs": 0,
                              "return_token_ids": True, "skip_special_tokens": False, **streaming}
 

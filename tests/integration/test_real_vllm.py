@@ -149,6 +149,23 @@ def test_completions_accepts_a_token_id_prompt(client, hf_tokenizer):
     assert choice["text"] == hf_tokenizer.decode(choice["token_ids"])
 
 
+def test_generate_returns_sampled_ids_without_echoing_the_prompt(client, hf_tokenizer):
+    """polar's token-in calls leave out return_token_ids: the sampled ids come anyway, and the prompt polar
+    built (100k+ ids at agent size) is not sent back to be parsed on every call."""
+    prompt = hf_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=True)["input_ids"]
+    request = {"model": SERVED_MODEL, "token_ids": prompt, "output_mode": "tokens",
+               "sampling_params": {"max_tokens": 4, "seed": 3, "logprobs": 0}}
+    body = client.post("/inference/v1/generate", json=request).json()
+    assert body["prompt_token_ids"] is None
+    assert len(body["choices"][0]["token_ids"]) == 4
+    assert len(body["choices"][0]["logprobs"]["content"]) == 4
+    with client.stream("POST", "/inference/v1/generate", json={**request, "stream": True}) as resp:
+        chunks = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+    assert chunks and all(c.get("prompt_token_ids") is None for c in chunks)
+    assert [t for c in chunks for ch in c["choices"] for t in ch["token_ids"]] == body["choices"][0]["token_ids"]
+
+
 def test_generate_endpoint_is_token_in_token_out(client, hf_tokenizer):
     prompt = hf_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
                                               tokenize=True, return_dict=True)["input_ids"]
