@@ -32,15 +32,15 @@ def decode_json(body: bytes, content_type: str | None, max_bytes: int, max_depth
         text = body.decode(json.detect_encoding(body))  # strict: no lone surrogates from raw bytes
     except UnicodeDecodeError as exc:
         raise GatewayError("invalid_request", f"request body is not valid JSON: {exc}") from None
-    too_deep = GatewayError("invalid_request", f"request body nests JSON too deeply (more than {max_depth} levels)")
     try:
         value = json.loads(text)
+        deep = nests_deeper(value, max_depth)
     except json.JSONDecodeError as exc:
         raise GatewayError("invalid_request", f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise too_deep from None
-    if nests_deeper(value, max_depth):
-        raise too_deep
+    except RecursionError:  # deeper than the decoder goes: deeper than any limit
+        deep = True
+    if deep:
+        raise GatewayError("invalid_request", f"request body nests JSON too deeply (more than {max_depth} levels)")
     if _SURROGATE_ESCAPE.search(text):
         check_surrogates(value)
     return value

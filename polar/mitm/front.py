@@ -10,15 +10,16 @@ which the front always overwrites, so a client cannot choose the address its ses
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Sequence
 
-from polar.sessions.identity import SESSION_HEADER
+from polar.sessions.identity import KEY_HEADERS, SESSION_HEADER, SESSION_ID
 
 CLIENT_ADDR_HEADER = "x-polar-client-addr"
 # The same id polar accepts in a `/s/<id>/` prefix; any other path falls through to the key, as in polar.
-_PATH_SESSION = r"^/s/[A-Za-z0-9._:-]{1,128}(/|$)"
-_KEY_HEADERS = ("x-api-key", "x-goog-api-key", "api-key", "authorization")  # identity.client_key's order
+_PATH_SESSION = rf"^/s/{SESSION_ID}(/|$)"
+_KEY_HEADERS = (*KEY_HEADERS, "authorization")  # identity.client_key's order
 # Errors the front itself answers, in a JSON shape the OpenAI and Anthropic SDKs both read.
 _FRONT_ERRORS = {
     400: "the request is malformed or its headers are too large",
@@ -35,7 +36,7 @@ def haproxy_binary() -> str | None:
 
 
 def _error_body(message: str) -> str:
-    return '{"type":"error","error":{"type":"api_error","message":"' + message + '"}}'
+    return json.dumps({"type": "error", "error": {"type": "api_error", "message": message}}, separators=(",", ":"))
 
 
 def haproxy_config(host: str, port: int, workers: Sequence[int], timeout_s: int = 3600) -> str:

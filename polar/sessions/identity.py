@@ -22,7 +22,9 @@ import threading
 from dataclasses import dataclass
 
 SESSION_HEADER = "x-polar-session"
-_PATH_PREFIX = re.compile(r"^/s/([A-Za-z0-9._:-]{1,128})(/.*)?$")
+SESSION_ID = r"[A-Za-z0-9._:-]{1,128}"  # a session name as a `/s/<id>/` prefix carries it
+_PATH_PREFIX = re.compile(rf"^/s/({SESSION_ID})(/.*)?$")
+KEY_HEADERS = ("x-api-key", "x-goog-api-key", "api-key")  # a provider's API key, before `authorization`
 # Headers that carry client credentials: read for identification, never stored or forwarded.
 REDACTED = "<redacted>"
 SECRET_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "api-key", "proxy-authorization", "cookie")
@@ -112,7 +114,7 @@ def _claim(path: str, headers: dict[str, str]) -> tuple[tuple[str, str] | None, 
 
 def client_key(headers: dict[str, str]) -> str | None:
     """The credential a client sent, whichever header its provider uses."""
-    for name in ("x-api-key", "x-goog-api-key", "api-key"):
+    for name in KEY_HEADERS:
         if headers.get(name):
             return headers[name]
     auth = headers.get("authorization", "")

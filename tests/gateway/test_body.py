@@ -45,3 +45,7 @@ def test_too_deep_is_a_client_error_at_any_depth(levels):
 def test_exactly_at_the_limit_is_served():
     body = b"[" * 128 + b"]" * 128
     assert nests_deeper(decode_json(body, None, 1 << 20), 127)
+
+
+def test_a_bare_null_is_a_value_not_a_nesting_error():
+    assert decode_json(b"null", None, 1 << 20) is None  # refused later, as "must be a JSON object"
