@@ -50,6 +50,7 @@ from bench_proxy import ANTHROPIC_HEADERS, DEFAULT_TOKENIZER, command_line, star
 
 from polar.capture.bodies import unpack, unpack_json  # noqa: E402
 from polar.capture.reader import CaptureReader  # noqa: E402
+from polar.capture.records import stored_message  # noqa: E402
 from polar.capture.schema import STORED_BYTES, stored_bytes  # noqa: E402
 
 WORDS = ("the of to and a in is it you that for on with as are this be at or have from by not but what all when "
@@ -203,7 +204,7 @@ def unique_tokens(path: Path) -> int:
 
 def old_format(src: Path, dst: Path) -> None:
     """`src`'s rows as the earlier writer stored them: request bodies zlib-compressed whole (as they are
-    when small), large canonical parts inline in each row, responses, results, messages and prompt ids
+    when small), large canonical parts inline and every message reference listed in each row, responses, results, messages and prompt ids
     as they are."""
     dst.unlink(missing_ok=True)
     with closing(sqlite3.connect(src)) as conn:
@@ -219,6 +220,8 @@ def old_format(src: Path, dst: Path) -> None:
             canonical = None
             if stored:
                 canonical = json.loads(text(stored))
+                canonical.pop("message_base", None)  # every reference listed in every row
+                canonical["message_refs"] = [stored_message(m).digest for m in rows[row_id]["canonical"]["messages"]]
                 for key in canonical.pop("part_refs", []):
                     parts.add(canonical[key])
                     canonical[key] = json.loads(values[canonical[key]])

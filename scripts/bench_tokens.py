@@ -415,10 +415,10 @@ async def write_call(writer: CaptureWriter, state: SessionState, session: str, c
     start = CallStart(call_id=call_id, session_id=session, client=None, key_hash=None, t_start=time.time(), **call.begin)
     row_id = await writer.start(start)
     end = CallEnd(**{**call.finish, **({"canonical": canonical} if canonical is not None else {})}, t_end=time.time())
-    end.message_refs, end.new_messages = encode_messages(end.canonical["messages"], state.messages)
+    end.messages = encode_messages(end.canonical["messages"], state.messages)
     end.tokens = TokenRecord(call.prompt, call.sampled, call.logprobs, state.lineage(call.prompt))
     row_id = await writer.finish(row_id, start, end)
-    state.messages = list(zip(end.canonical["messages"], end.message_refs))
+    state.messages = end.messages.log(row_id, end.canonical["messages"])
     state.add(Turn(row_id, np.asarray([*call.prompt, *call.sampled], "<u4"), len(call.prompt), "", [], ""), keep=16)
 
 

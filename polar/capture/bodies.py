@@ -9,13 +9,14 @@ cannot reach back across a 100 KB body). `body_encoding` says where and how a ca
     "zstd"        in the `bodies` table (row `body_id`), zstd, whole: a keyframe
     "zstd-delta"  in the `bodies` table, zstd with its `base` body as the dictionary
 
-A body with no base in its session (its first, or one whose chain is full) is compressed against the
-last keyframe of any session when that is smaller: a harness sends the same system prompt and tools in
-every session. Large bodies live in their own
-table, which nothing deletes from, so deleting a call's row never makes another call's body unreadable.
-Bounded reads: a chain of deltas ends in a keyframe after at most CHAIN bodies. Crash safety: the writer
-takes a body as a base only once the transaction that wrote it has committed (`BodyBases.commit`), so
-no body references one that a failed write or a rolled-back transaction took away.
+A session's first body is compressed against the last keyframe of any session when that is smaller: a
+harness sends the same system prompt and tools in every session. Large bodies live in their own table,
+which nothing deletes from, so deleting a call's row never makes another call's body unreadable.
+Linear in everything: a session's next keyframe comes once its deltas since the last one add up to
+KEY_SHARE times that keyframe's size (keyframes then add at most 1/KEY_SHARE of the deltas' bytes; a
+keyframe every k calls would grow as calls x context). Bounded reads: a chain of deltas ends in a keyframe after at most CHAIN bodies.
+Crash safety: the writer takes a body as a base only once the transaction that wrote it has committed
+(`BodyBases.commit`), so no body references one that a failed write or a rolled-back transaction took away.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ import zstandard
 from polar.capture.tokens import common_prefix_len
 
 SMALL = 1024  # bodies up to this many bytes are stored as they are, and never serve as a base
-CHAIN = 32  # bodies per keyframe: reading one row decompresses at most this many
+CHAIN = 128  # bodies per keyframe at most: reading one row alone decompresses at most this many
+KEY_SHARE = 4  # a new keyframe once the deltas since the last take this many times its bytes
 LEVEL = 3  # zstd level: at 100-200 KB bodies ~0.5 ms a body; higher levels gain ~2 %
 BASES_PER_SESSION = 3  # a session's main thread, its sub-agents and side calls take turns
 MAX_BASE_BYTES = 64 * 1024 * 1024  # the writer's memory for bases, all sessions together
@@ -45,6 +47,11 @@ class Base:
     id: int  # in the bodies table
     body: bytes
     depth: int  # deltas between this body and its keyframe
+    since: int  # bytes of those deltas, as stored
+    key: int  # bytes of that keyframe, as stored
+
+    def may_grow(self) -> bool:
+        return self.depth + 1 < CHAIN and self.since < KEY_SHARE * self.key
 
 
 @dataclass(frozen=True)
@@ -90,22 +97,25 @@ class BodyBases:
         if base is not None:
             return Encoded(_compressor(base.body, body).compress(body), "zstd-delta", base)
         whole = Encoded(*pack(body), None)
-        if self._keyframe is None:
+        if self._keyframe is None or session in self._bases:  # a full chain: a keyframe, the new start
             return whole
-        # No base in its session: the same harness sends the same system prompt and tools in every
+        # The session's first body: the same harness sends the same system prompt and tools in every
         # session, so the last keyframe (of any session) usually holds most of it. Kept only if smaller.
         shared = Encoded(_compressor(self._keyframe.body, body).compress(body), "zstd-delta", self._keyframe)
         return shared if len(shared.data) < len(whole.data) else whole
 
     def _best(self, session: str, body: bytes) -> Base | None:
-        """The base sharing the longest prefix with `body` (the latest on a tie), if its chain may grow."""
-        usable = [b for b in self._bases.get(session, ()) if b.depth + 1 < CHAIN]
+        """The base sharing the longest prefix with `body` (the latest on a tie), if its chain may grow
+        (else a keyframe: an older base would serve, but with a larger delta)."""
         new = np.frombuffer(body, np.uint8)
-        return max(reversed(usable), key=lambda b: common_prefix_len(np.frombuffer(b.body, np.uint8), new), default=None)
+        bases = reversed(self._bases.get(session, ()))
+        best = max(bases, key=lambda b: common_prefix_len(np.frombuffer(b.body, np.uint8), new), default=None)
+        return best if best is not None and best.may_grow() else None
 
     def wrote(self, session: str, body_id: int, body: bytes, encoded: Encoded) -> None:
-        depth = encoded.base.depth + 1 if encoded.base else 0
-        self._pending.append((session, Base(body_id, body, depth)))
+        base, size = encoded.base, len(encoded.data)
+        stored = Base(body_id, body, base.depth + 1, base.since + size, base.key) if base else Base(body_id, body, 0, 0, size)
+        self._pending.append((session, stored))
 
     def mark(self) -> int:
         return len(self._pending)
@@ -160,17 +170,26 @@ def read_body(conn: sqlite3.Connection, row: Mapping[str, Any], memo: dict[int, 
     return memo[row["body_id"]]
 
 
+COLUMN_SMALL = 256  # a column's bytes over this are compressed: a turn's answer (~1 KB of JSON) to ~60 %
+
+
 def pack(data: bytes) -> tuple[bytes, str | None]:
-    """Bytes stored on their own: zstd-compressed (encoding "zstd") unless small."""
-    if len(data) <= SMALL:
+    """Bytes stored on their own: zstd-compressed (encoding "zstd") unless COLUMN_SMALL or fewer."""
+    if len(data) <= COLUMN_SMALL:
         return data, None
-    return zstandard.ZstdCompressor(level=LEVEL).compress(data), "zstd"
+    return compress(data), "zstd"
+
+
+def compress(data: bytes) -> bytes:
+    """zstd at LEVEL, whole (what `unpack` reads back as "zstd")."""
+    return zstandard.ZstdCompressor(level=LEVEL).compress(data)
 
 
 def pack_json(text: str) -> str | bytes:
-    """JSON text as a column holds it: the text, or (a BLOB) the text zstd-compressed when large."""
+    """JSON text as a column holds it: the text (readable by SQLite's JSON functions), or (a BLOB) the
+    text zstd-compressed when over COLUMN_SMALL bytes and smaller so."""
     data, encoding = pack(text.encode())
-    return text if encoding is None else data
+    return text if encoding is None or len(data) >= len(text) else data
 
 
 def unpack_json(value: str | bytes) -> str | bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -24,7 +25,11 @@ from polar.sqlite_files import open_readonly
 _EMPTY = np.zeros(0, dtype="<u4")
 
 
-_LINEAGE = "SELECT prompt_parent, prompt_prefix_len, prompt_suffix, {encoding}, completion_ids FROM calls WHERE id=?"
+_LINEAGE = "SELECT prompt_parent, prompt_prefix_len, prompt_suffix, {}, completion_ids, {} FROM calls WHERE id=?"
+# The lineage query as each schema answers it: this one, one from before completion_encoding, one from
+# before prompt_encoding too (their blobs are stored as they are).
+_LINEAGE_BY_SCHEMA = [_LINEAGE.format(*columns) for columns in
+                      (("prompt_encoding", "completion_encoding"), ("prompt_encoding", "NULL"), ("NULL", "NULL"))]
 
 
 class CaptureReader:
@@ -55,14 +60,12 @@ class CaptureReader:
         chain: list[tuple[int, int, bytes, bytes]] = []
         cur: int | None = row_id
         while cur is not None and cur not in memo:
-            try:
-                found = conn.execute(_LINEAGE.format(encoding="prompt_encoding"), (cur,)).fetchone()
-            except sqlite3.OperationalError:  # a database from before prompt_encoding: every suffix as it is
-                found = conn.execute(_LINEAGE.format(encoding="NULL"), (cur,)).fetchone()
+            found = _lineage_row(conn, cur)
             if found is None:
                 raise LookupError(f"capture row {cur} (in the prompt lineage of row {row_id}) is missing")
-            parent, prefix_len, suffix, encoding, completion = found
+            parent, prefix_len, suffix, encoding, completion, completion_encoding = found
             suffix = unpack(suffix, encoding, f"capture row {cur}'s prompt ids")
+            completion = unpack(completion, completion_encoding, f"capture row {cur}'s completion ids")
             chain.append((cur, prefix_len or 0, suffix or b"", completion or b""))
             cur = parent if prefix_len else None
         for rid, prefix_len, suffix, completion in reversed(chain):
@@ -100,18 +103,64 @@ class CaptureReader:
 
     def _with_tokens(self, conn, row: sqlite3.Row, cache: RowCache, memo: dict) -> dict[str, Any]:
         out = decode_row(conn, row, cache)
-        out["completion_ids"] = unpack_ids(row["completion_ids"])
-        out["completion_logprobs"] = unpack_logprobs(row["completion_logprobs"])
+        encoding, where = out.get("completion_encoding"), f"capture row {row['id']}'s completion"
+        out["completion_ids"] = unpack_ids(unpack(row["completion_ids"], encoding, where))
+        out["completion_logprobs"] = unpack_logprobs(unpack(row["completion_logprobs"], encoding, where))
         out["prompt_ids"] = self.prompt_ids(row["id"], conn, memo) if row["prompt_len"] is not None else []
         return out
 
 
+MEMO_REFS = 4_000_000  # message references a reader keeps (row id → its list), all rows together: ~32 MB
+
+
+def _lineage_row(conn: sqlite3.Connection, row_id: int) -> tuple | None:
+    for sql in _LINEAGE_BY_SCHEMA:
+        try:
+            return conn.execute(sql, (row_id,)).fetchone()
+        except sqlite3.OperationalError:  # an older database: a column this query names is not there
+            if sql is _LINEAGE_BY_SCHEMA[-1]:
+                raise
+    return None
+
+
 @dataclass
 class RowCache:
-    """What decoding one row learns that the next rows reuse: content-addressed values, decoded bodies."""
+    """What decoding one row learns that the next rows reuse: content-addressed values, decoded bodies,
+    each row's full list of message references (a row stores its list against its parent's)."""
 
     values: dict[str, Any] = field(default_factory=dict)  # hash → decoded JSON (messages, parts)
     bodies: dict[int, bytes | None] = field(default_factory=dict)  # row id → request body (bounded)
+    refs: OrderedDict[int, list[str]] = field(default_factory=OrderedDict)  # bounded by MEMO_REFS entries
+    _refs_held: int = 0
+
+    def message_refs(self, conn: sqlite3.Connection, row_id: int, stored: dict[str, Any]) -> list[str]:
+        """Row `row_id`'s message references from its stored canonical (`message_refs`, after
+        `message_base`'s parent prefix when it has one), following parents as far as needed."""
+        chain: list[tuple[int, dict[str, Any]]] = [(row_id, stored)]
+        while (base := chain[-1][1].get("message_base")) and base[0] not in self.refs:
+            parent = conn.execute("SELECT canonical FROM calls WHERE id=?", (base[0],)).fetchone()
+            if parent is None or parent[0] is None or base[0] >= chain[-1][0]:
+                raise LookupError(f"capture row {base[0]} (whose messages row {row_id} continues) is missing")
+            chain.append((base[0], json.loads(unpack_json(parent[0]))))
+        for rid, canonical in reversed(chain):
+            refs = canonical["message_refs"]
+            if base := canonical.get("message_base"):
+                head = self.refs[base[0]]
+                if base[1] > len(head):
+                    raise LookupError(f"capture row {rid} continues {base[1]} messages of row {base[0]}, "
+                                      f"which has {len(head)}")
+                refs = head[: base[1]] + refs
+            self._keep(rid, refs)
+        return self.refs[row_id]
+
+    def _keep(self, row_id: int, refs: list[str]) -> None:
+        if row_id in self.refs:
+            self.refs.move_to_end(row_id)
+            return
+        self.refs[row_id] = refs
+        self._refs_held += len(refs)
+        while self._refs_held > MEMO_REFS and len(self.refs) > 1:
+            self._refs_held -= len(self.refs.popitem(last=False)[1])
 
     def resolve(self, conn: sqlite3.Connection, refs: list[str]) -> None:
         missing = [h for h in set(refs) if h not in self.values]
@@ -132,7 +181,9 @@ def decode_row(conn: sqlite3.Connection, row: sqlite3.Row, cache: RowCache) -> d
     out["response_body"] = unpack(out.get("response_body"), out.get("response_encoding"), f"capture row {out['id']}")
     canonical = out.get("canonical")
     if isinstance(canonical, dict) and "message_refs" in canonical:
-        refs = canonical.pop("message_refs")
+        refs = cache.message_refs(conn, out["id"], canonical)
+        del canonical["message_refs"]
+        canonical.pop("message_base", None)
         parts = canonical.pop("part_refs", [])  # rows written before parts were stored apart have none
         cache.resolve(conn, [*refs, *(canonical[key] for key in parts)])
         for key in parts:  # in place: the request's keys keep their order

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from polar.capture.bodies import pack, pack_json
+from polar.capture.bodies import compress, pack, pack_json
 from polar.capture.tokens import as_ids, pack_logprobs
 
 # Bodies above this are stored truncated (the call is still recorded, with its error).
@@ -62,14 +62,19 @@ class TokenRecord:
     def columns(self) -> dict[str, Any]:
         prompt = as_ids(self.prompt_ids)
         suffix, encoding = pack(prompt[self.lineage.prefix_len :].tobytes())
+        completion, completion_encoding = pack(as_ids(self.completion_ids).tobytes())
+        logprobs = None if self.logprobs is None else pack_logprobs(self.logprobs)
+        if logprobs is not None and completion_encoding:  # one encoding for both columns
+            logprobs = compress(logprobs)
         return {
             "prompt_parent": self.lineage.parent,
             "prompt_prefix_len": self.lineage.prefix_len,
             "prompt_suffix": suffix,
             "prompt_encoding": encoding,
             "prompt_len": len(prompt),
-            "completion_ids": as_ids(self.completion_ids).tobytes(),
-            "completion_logprobs": None if self.logprobs is None else pack_logprobs(self.logprobs),
+            "completion_ids": completion,
+            "completion_logprobs": logprobs,
+            "completion_encoding": completion_encoding,
             "completion_len": len(self.completion_ids),
         }
 
@@ -109,10 +114,9 @@ class CallEnd:
     t_upstream: float | None = None
     t_first: float | None = None  # when the first streamed piece of the answer went to the client
     rewrites: list[str] = field(default_factory=list)
-    # The canonical request: its messages as references, the new ones to store alongside.
+    # The canonical request, and its messages as references (with the new ones to store alongside).
     canonical: dict[str, Any] | None = None
-    message_refs: list[str] = field(default_factory=list)
-    new_messages: list[StoredMessage] = field(default_factory=list)
+    messages: MessageRefs | None = None
     tokens: TokenRecord | None = None
 
     def encode(self) -> tuple[dict[str, Any], list[StoredMessage]]:
@@ -126,11 +130,12 @@ class CallEnd:
             "rewrites": json.dumps(self.rewrites) if self.rewrites else None,
         }  # fmt: skip
         row["response_body"], row["response_encoding"] = pack(self.response_body)
-        values = list(self.new_messages)
+        values: list[StoredMessage] = []
         if self.canonical is not None:
+            refs = self.messages or encode_messages(self.canonical["messages"], MessageLog())
             rest, parts = encode_parts({k: v for k, v in self.canonical.items() if k != "messages"})
-            values += parts
-            row["canonical"] = pack_json(json.dumps({**rest, "message_refs": self.message_refs}, ensure_ascii=False))
+            values += refs.new + parts
+            row["canonical"] = pack_json(json.dumps({**rest, **refs.stored()}, ensure_ascii=False))
         if self.result is not None:
             row["result"] = pack_json(self.result)
         if self.tokens is not None:
@@ -165,18 +170,70 @@ def _addressed(body: str) -> StoredMessage:
     return StoredMessage(hashlib.blake2b(body.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest(), body)
 
 
-def encode_messages(
-    messages: list[dict[str, Any]], last: list[tuple[dict[str, Any], str]]
-) -> tuple[list[str], list[StoredMessage]]:
+# A row's message references are stored as "its parent row's first n, then these" (a turn re-sends the
+# whole history: listing every reference on every call grows as turns x history). A row lists them
+# whole again once its lineage has listed as many since the last whole row as that row did (so the whole
+# lists add at most as much again: linear), or after REFS_CHAIN parents (reading one row follows at most
+# REFS_CHAIN - 1).
+REFS_CHAIN = 256
+
+
+@dataclass(frozen=True)
+class MessageLog:
+    """A session's last committed call: its canonical messages with their content addresses, the row that
+    holds them, and how that row's references are stored (parents leaned on, references listed since
+    the last whole list, that list's length). What the next call is encoded against."""
+
+    row: int | None = None
+    depth: int = 0
+    since: int = 0
+    whole: int = 0
+    items: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+
+    @classmethod
+    def rebuilt(cls, row: int, messages: list[dict[str, Any]]) -> MessageLog:
+        """From a row read back (how it leans unknown: the next call lists its references whole)."""
+        return cls(row, REFS_CHAIN, 0, 0, [(m, stored_message(m).digest) for m in messages])
+
+
+@dataclass
+class MessageRefs:
+    """A request's messages as content addresses: all of them, the new ones to store, and how the row
+    stores the list (`base` row's first `shared` references, then the rest)."""
+
+    refs: list[str]
+    new: list[StoredMessage]
+    base: int | None = None
+    shared: int = 0
+    depth: int = 0  # parents between this row and one listing its references whole
+    since: int = 0  # references listed by this row and its parents since that one
+    whole: int = 0  # how many that one listed
+
+    def stored(self) -> dict[str, Any]:
+        if self.base is None:
+            return {"message_refs": self.refs}
+        return {"message_base": [self.base, self.shared], "message_refs": self.refs[self.shared :]}
+
+    def log(self, row: int, messages: list[dict[str, Any]]) -> MessageLog:
+        """What the session remembers once this row has committed."""
+        return MessageLog(row, self.depth, self.since, self.whole, list(zip(messages, self.refs)))
+
+
+def encode_messages(messages: list[dict[str, Any]], last: MessageLog) -> MessageRefs:
     """References for a request's messages, and the ones to store. A turn re-sends the whole history:
     messages equal to the session's last ones (a C-level comparison) are neither re-serialised nor hashed."""
     refs: list[str] = []
     new: list[StoredMessage] = []
+    shared = 0
     for i, message in enumerate(messages):
-        if i < len(last) and last[i][0] == message:
-            refs.append(last[i][1])
+        if i < len(last.items) and last.items[i][0] == message:
+            refs.append(last.items[i][1])
+            shared += shared == i
             continue
         stored = stored_message(message)
         refs.append(stored.digest)
         new.append(stored)
-    return refs, new
+    since = last.since + len(refs) - shared
+    if last.row is None or shared == 0 or last.depth + 1 >= REFS_CHAIN or since > last.whole:
+        return MessageRefs(refs, new, whole=len(refs))
+    return MessageRefs(refs, new, last.row, shared, last.depth + 1, since, last.whole)

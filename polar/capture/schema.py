@@ -33,7 +33,7 @@ CALLS: dict[str, Any] = {
     "request_body": bytes,
     "body_encoding": str,  # where and how the request body is: NULL (as is), zlib, zstd, zstd-delta (bodies.py)
     "body_id": int,  # zstd, zstd-delta: the body's row in `bodies`
-    # JSON columns: the text, or (a BLOB) that text zstd-compressed when over 1 KB (bodies.pack_json)
+    # JSON columns: the text, or (a BLOB) that text zstd-compressed when over 256 B (bodies.pack_json)
     "canonical": str,  # the canonical request (JSON), its messages and large parts as references into `messages`
     "rewrites": str,  # JSON list: what polar changed in the request so the template accepts it, and why
     "result": str,  # the canonical result without token arrays (JSON)
@@ -41,11 +41,12 @@ CALLS: dict[str, Any] = {
     "response_encoding": str,  # NULL (as is) or zstd (bodies.pack): a streamed answer's events compress ~14x
     "prompt_parent": int,  # row whose prompt+completion holds the first prompt_prefix_len ids
     "prompt_prefix_len": int,
-    "prompt_suffix": bytes,  # uint32 ids: as they are, or zstd (bodies.pack) when over 1 KB
+    "prompt_suffix": bytes,  # uint32 ids: as they are, or zstd (bodies.pack) when over 256 B
     "prompt_encoding": str,  # NULL or zstd: a turn's new ids (tool output, files) compress ~3x
     "prompt_len": int,
     "completion_ids": bytes,
     "completion_logprobs": bytes,  # NULL when the upstream returned none (never invented zeros)
+    "completion_encoding": str,  # NULL or zstd (bodies.pack, both columns) when over 256 B: ids compress ~2x
     "completion_len": int,
     "finish_reason": str,
     "policy_version": str,

@@ -1,7 +1,7 @@
 """Compact, linear storage of token sequences.
 
 Token ids are stored as little-endian uint32 blobs and logprobs as float32 blobs: 4 bytes a
-token, read back with one numpy call (a prompt's new ids over 1 KB are zstd-compressed on top,
+token, read back with one numpy call (new ids and sampled ids over 256 B are zstd-compressed on top,
 records.TokenRecord / reader). A prompt that extends an earlier capture of the same
 session is stored as (parent call, shared prefix length, new suffix) — see records.Lineage and
 sessions/state.py — so a session of T turns over N tokens costs O(N) ids on disk, not O(T·N).

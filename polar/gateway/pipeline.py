@@ -29,7 +29,7 @@ from typing import Any
 
 from polar.canonical import ChatRequest, ChatResult
 from polar.capture.reader import CaptureReader
-from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages
+from polar.capture.records import CallEnd, CallStart, MessageLog, TokenRecord, encode_messages
 from polar.capture.tokens import as_ids
 from polar.capture.writer import CaptureError, CaptureWriter
 from polar.errors import GatewayError
@@ -241,8 +241,8 @@ class Gateway:
 
     def _remember(self, session: str, row_id: int, state: _Call, end: CallEnd) -> None:
         messages = None
-        if end.canonical is not None:
-            messages = list(zip(end.canonical["messages"], end.message_refs))
+        if end.canonical is not None and end.messages is not None:
+            messages = end.messages.log(row_id, end.canonical["messages"])
         turn = None
         if state.result is not None and state.request is not None and end.status == "ok":
             turn = new_turn(row_id, state.request, state.keys, state.result, state.prompt)
@@ -290,7 +290,7 @@ class _Call:
     result: ChatResult | None = None
     keys: list[str] = field(default_factory=list)
     session: SessionState | None = None
-    session_messages: list = field(default_factory=list)
+    session_messages: MessageLog = field(default_factory=MessageLog)
     lineage: Any = None
     prompt: Any = None  # the prompt ids as a uint32 array
     t_up_start: float = 0.0
@@ -309,7 +309,7 @@ class _Call:
             end.model, end.stream = self.request.model, self.request.stream
             canonical = self.request.model_dump(mode="json", exclude_none=True)
             end.canonical = canonical
-            end.message_refs, end.new_messages = encode_messages(canonical["messages"], self.session_messages)
+            end.messages = encode_messages(canonical["messages"], self.session_messages)
         result = self.result
         if result is None:
             return

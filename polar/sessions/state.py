@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from polar.canonical import ChatRequest, ChatResult, Message
-from polar.capture.records import Lineage, stored_message
+from polar.capture.records import Lineage, MessageLog
 from polar.capture.tokens import as_ids, common_prefix_len
 from polar.sessions.fingerprints import answer_message, message_fingerprint, request_context_key
 
@@ -52,8 +52,8 @@ class Extension:
 @dataclass
 class SessionState:
     turns: list[Turn] = field(default_factory=list)
-    # The last call's canonical messages (as stored JSON dicts) and their content addresses.
-    messages: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    # The last call's canonical messages (as stored JSON dicts), their content addresses and its row.
+    messages: MessageLog = field(default_factory=MessageLog)
     # Why the state holds what it holds, for prompt_mode when no turn can be extended.
     origin: str = "first call of the session"
 
@@ -167,7 +167,7 @@ class SessionStates:
         fut.set_result(self._states[session])
         return self._states[session]
 
-    def record(self, session: str, turn: Turn | None, messages: list[tuple[dict[str, Any], str]] | None) -> None:
+    def record(self, session: str, turn: Turn | None, messages: MessageLog | None) -> None:
         """After a call's row committed: remember its turn and its messages. A session not in memory is
         left alone: its next call rebuilds it from the database, this row included."""
         state = self._states.pop(session, None)
@@ -203,6 +203,6 @@ class SessionStates:
             keys = [message_fingerprint(m) for m in request.messages]
             state.add(new_turn(row["id"], request, keys, answer), self.turns_per_session)
         if rows and rows[-1].get("canonical"):
-            state.messages = [(m, stored_message(m).digest) for m in rows[-1]["canonical"]["messages"]]
+            state.messages = MessageLog.rebuilt(rows[-1]["id"], rows[-1]["canonical"]["messages"])
         return state
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from polar.capture import bodies
 from polar.capture.reader import CaptureReader
-from polar.capture.records import CallEnd, CallStart, encode_messages
+from polar.capture.records import CallEnd, CallStart, MessageLog, encode_messages
 from polar.capture.writer import CaptureError, CaptureWriter
 
 
@@ -112,20 +112,50 @@ def test_bodies_round_trip_byte_for_byte(tmp_path_factory, monkeypatch, edits, c
         assert depth < chain
 
 
+def _growing_session(writer: CaptureWriter, system: bytes, turns: list[bytes]):
+    """One session whose every body is the last plus a user turn, written and closed: the last body,
+    the calls, and each call's (body_encoding, stored bytes) in order."""
+    body, calls = b'{"system": "' + system + b'", "messages": [', []
+    for n, text in enumerate(turns):
+        body += b'{"role": "user", "content": "%s"},' % text
+        calls.append(_start(f"c{n}", "s", body))
+    _write(writer, calls)
+    writer.close()
+    with sqlite3.connect(writer.path) as conn:
+        return body, calls, conn.execute("SELECT body_encoding, length(data) FROM calls JOIN bodies "
+                                         "ON body_id = bodies.id ORDER BY calls.id").fetchall()
+
+
 def test_bodies_are_stored_as_deltas_of_their_session(tmp_path):
     """An agent's growing history costs its new bytes, not its whole body, on every turn."""
     writer = CaptureWriter(tmp_path / "c.db")
-    body, calls = b'{"system": "' + b"be careful. " * 10_000 + b'", "messages": [', []
-    for turn in range(20):
-        body += b'{"role": "user", "content": "turn %d: %s"},' % (turn, bytes(range(32, 127)) * 20)
-        calls.append(_start(f"c{turn}", "s", body))
-    _write(writer, calls)
-    writer.close()
-    conn = sqlite3.connect(tmp_path / "c.db")
-    rows = conn.execute("SELECT body_encoding, length(data) FROM calls JOIN bodies ON body_id = bodies.id "
-                        "ORDER BY calls.id").fetchall()
+    system = random.Random(0).randbytes(60_000).hex().encode()  # compresses to about half: a large keyframe
+    turns = [b"turn %d: %s" % (turn, bytes(range(32, 127)) * 20) for turn in range(20)]
+    body, calls, rows = _growing_session(writer, system, turns)
     assert rows[0][0] == "zstd" and {e for e, _ in rows[1:]} == {"zstd-delta"}
     assert max(n for _, n in rows[1:]) < 1000 < len(body) // 100
+    assert [r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)] == \
+        [c.request_body for c in calls]
+
+
+def test_a_keyframe_comes_once_the_deltas_since_the_last_add_up_to_it(tmp_path):
+    """A long session: keyframes neither every k calls (calls x context) nor never (unbounded chains).
+    Each comes once the deltas since the previous one add up to KEY_SHARE times its size (or the chain is
+    CHAIN long), so all keyframes together take at most 1/KEY_SHARE of the deltas' bytes plus the first
+    and the last."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    rng = random.Random(2)
+    turns = [rng.randbytes(300).hex().encode() for _ in range(300)]
+    _, calls, stored = _growing_session(writer, rng.randbytes(8_000).hex().encode(), turns)
+    keyframes = [i for i, (encoding, _) in enumerate(stored) if encoding == "zstd"]
+    assert keyframes[0] == 0 and 2 <= len(keyframes) <= 8  # sizes grow geometrically: ~log(300) of them
+    for at, nxt in zip(keyframes, keyframes[1:]):
+        assert sum(n for _, n in stored[at + 1 : nxt]) >= bodies.KEY_SHARE * stored[at][1] or nxt - at == bodies.CHAIN
+        assert nxt - at <= bodies.CHAIN
+    deltas = sum(n for encoding, n in stored if encoding == "zstd-delta")
+    keyframe_bytes = sum(n for encoding, n in stored if encoding == "zstd")
+    capped = sum(stored[nxt][1] for at, nxt in zip(keyframes, keyframes[1:]) if nxt - at == bodies.CHAIN)
+    assert keyframe_bytes <= stored[0][1] + deltas / bodies.KEY_SHARE + stored[keyframes[-1]][1] + capped
     assert [r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)] == \
         [c.request_body for c in calls]
 
@@ -168,7 +198,7 @@ def test_a_body_whose_write_was_undone_is_no_base(tmp_path):
     """A write that fails after its row was inserted is rolled back to its savepoint: the session's next
     body must not reference that row (it is not there), but the last committed one."""
     writer = CaptureWriter(tmp_path / "c.db")
-    big = b"x" * 5000
+    big = random.Random(3).randbytes(5000)  # incompressible: a keyframe larger than the deltas after it
     first = _write(writer, [_start("ok1", "s", big)])[0]
     real = writer._bodies.wrote
 
@@ -205,7 +235,7 @@ def test_a_body_whose_transaction_failed_is_no_base(tmp_path):
     """The COMMIT fails: the bodies of that transaction are no bases; each write is retried alone, and the
     next body references the retried row, which is there."""
     writer = CaptureWriter(tmp_path / "c.db")
-    big = b"x" * 5000
+    big = random.Random(3).randbytes(5000)  # incompressible: a keyframe larger than the deltas after it
     first = _write(writer, [_start("ok1", "s", big)])[0]
     real, writer._conn = writer._conn, _FailingCommit(writer._conn)
     retried = _write(writer, [_start("retried", "s", big + b"y")])[0]
@@ -249,17 +279,17 @@ def test_large_canonical_parts_are_stored_once_and_read_back_unchanged(tmp_path)
     """The tools repeat on every call of every session: stored once, every row reads them back as sent,
     in their own key order, beside small fields kept inline; a large result is compressed and reads back."""
     writer = CaptureWriter(tmp_path / "c.db")
-    sent, last = {}, {"a": [], "b": []}
+    sent, last = {}, {"a": MessageLog(), "b": MessageLog()}
     for turn in range(5):
         for session in ("a", "b"):
             messages = [{"role": "user", "content": f"{session} {t}"} for t in range(turn + 1)]
             canonical = {"model": "m", "messages": messages, "tools": _tools(), "sampling": {"max_tokens": 9},
                          "metadata": {"user_id": session}}
             end = _end(canonical=canonical, result=json.dumps({"content": f"{session} {turn} " * 400}))
-            end.message_refs, end.new_messages = encode_messages(messages, last[session])
-            last[session] = list(zip(messages, end.message_refs))
+            end.messages = encode_messages(messages, last[session])
             call = _start(f"{session}{turn}", session, b"{}")
-            asyncio.run(writer.finish(None, call, end))
+            row = asyncio.run(writer.finish(None, call, end))
+            last[session] = end.messages.log(row, messages)
             sent[call.call_id] = canonical
     writer.close()
     read = list(CaptureReader(tmp_path / "c.db").calls(with_tokens=False))
@@ -269,7 +299,7 @@ def test_large_canonical_parts_are_stored_once_and_read_back_unchanged(tmp_path)
     assert all(list(rows[k]) == [*(key for key in sent[k] if key != "messages"), "messages"] for k in rows)
     assert all(list(t) == ["name", "description", "parameters"] for r in rows.values() for t in r["tools"])
     conn = sqlite3.connect(tmp_path / "c.db")
-    stored = [json.loads(c) for (c,) in conn.execute("SELECT canonical FROM calls")]
+    stored = [json.loads(bodies.unpack_json(c)) for (c,) in conn.execute("SELECT canonical FROM calls")]
     assert all(c["part_refs"] == ["tools"] for c in stored) and len({c["tools"] for c in stored}) == 1
     (tools,) = conn.execute("SELECT body FROM messages WHERE hash=?", (stored[0]["tools"],)).fetchone()
     assert len(tools) < len(json.dumps(_tools())) / 3  # stored once, compressed

@@ -44,15 +44,15 @@ def test_pack_roundtrip_and_prefix():
 
 def test_growing_session_is_stored_linearly(tmp_path):
     rec = Recorder(tmp_path / "c.db")
-    prompt, rows = list(range(100)), []
+    prompt, rows = list(range(60)), []  # 240 B: stored as they are, like each turn's 5 new ids
     for turn in range(20):
         completion = [1000 + turn * 10 + i for i in range(10)]
         rows.append(rec.call("s1", prompt, completion))
         prompt = prompt + completion + [5000 + turn] * 5  # next prompt extends prompt+completion
     stored = sqlite3.connect(tmp_path / "c.db").execute("SELECT sum(length(prompt_suffix)) / 4 FROM calls").fetchone()[0]
-    assert stored == 100 + 19 * 5  # the first prompt and 5 new ids a turn, not 20 growing prompts
+    assert stored == 60 + 19 * 5  # the first prompt and 5 new ids a turn, not 20 growing prompts
     by_id = {r["id"]: r for r in rec.reader.calls(session="s1")}
-    expected = list(range(100))
+    expected = list(range(60))
     for turn, row_id in enumerate(rows):
         assert by_id[row_id]["prompt_ids"] == expected
         expected = expected + by_id[row_id]["completion_ids"] + [5000 + turn] * 5
@@ -281,7 +281,7 @@ def test_a_lock_held_past_the_busy_timeout_fails_the_group_once_then_recovers(tm
 
 
 def test_a_long_prompt_suffix_is_stored_compressed_and_reads_back_exactly(tmp_path):
-    """A turn's new ids past 1 KB (tool output, a file) are zstd-compressed; ids read back exact, small
+    """A turn's new ids past 256 B (tool output, a file) are zstd-compressed; ids read back exact, small
     suffixes stay as they are."""
     rng = random.Random(7)
     rec = Recorder(tmp_path / "c.db")
@@ -309,3 +309,44 @@ def test_a_database_from_before_prompt_encoding_reads_its_token_ids(tmp_path):
     conn.close()
     (row,) = CaptureReader(tmp_path / "c.db").calls(session="s1")
     assert row["prompt_ids"] == prompt and row["completion_ids"] == [7, 8]
+
+
+def test_a_long_completion_is_stored_compressed_with_its_logprobs_and_reads_back_exactly(tmp_path):
+    """Sampled ids and logprobs past 256 B share one encoding (zstd); both read back exact, and so does the
+    next prompt that extends them. A short completion and a missing logprobs column stay as they are."""
+    rng = random.Random(3)
+    rec = Recorder(tmp_path / "c.db")
+    sampled = [rng.randrange(151_000) for _ in range(2000)]
+    logprobs = [-rng.random() * 3 for _ in range(2000)]
+    long_row = rec.call("s1", [1, 2, 3], sampled, logprobs=logprobs)
+    next_prompt = [1, 2, 3, *sampled, 9]
+    short_row = rec.call("s1", next_prompt, [5, 6])
+    bare_row = rec.call("s2", [1], sampled, no_logprobs=True)
+    conn = sqlite3.connect(tmp_path / "c.db")
+    stored = {r[0]: r[1:] for r in conn.execute("SELECT id, completion_encoding, length(completion_ids), "
+                                                 "completion_logprobs IS NULL FROM calls")}
+    assert stored[long_row][0] == "zstd" and stored[long_row][1] < 2000 * 4 * 0.8  # random ids: 17 bits of 32
+    assert stored[short_row] == (None, 8, 0) and stored[bare_row][0] == "zstd" and stored[bare_row][2] == 1
+    rows = {r["id"]: r for r in rec.reader.calls()}
+    assert rows[long_row]["completion_ids"] == sampled
+    assert rows[long_row]["completion_logprobs"] == np.asarray(logprobs, "<f4").tolist()
+    assert rows[short_row]["prompt_ids"] == next_prompt and rows[short_row]["completion_ids"] == [5, 6]
+    assert rows[bare_row]["completion_ids"] == sampled and rows[bare_row]["completion_logprobs"] is None
+    rec.close()
+
+
+def test_a_database_from_before_completion_encoding_reads_its_completions(tmp_path):
+    """The previous writer's schema: prompt_encoding but no completion_encoding, completions as they are."""
+    rec = Recorder(tmp_path / "c.db")
+    prompt = list(range(2000))
+    first = rec.call("s1", prompt, [7, 8])
+    rec.call("s1", [*prompt, 7, 8, 9], [10])
+    rec.close()
+    conn = sqlite3.connect(tmp_path / "c.db")
+    assert conn.execute("SELECT count(*) FROM calls WHERE completion_encoding IS NOT NULL").fetchone() == (0,)
+    conn.execute("ALTER TABLE calls DROP COLUMN completion_encoding")
+    conn.commit()
+    conn.close()
+    rows = {r["id"]: r for r in CaptureReader(tmp_path / "c.db").calls(session="s1")}
+    assert rows[first]["completion_ids"] == [7, 8]
+    assert [r["prompt_ids"] for r in rows.values()] == [prompt, [*prompt, 7, 8, 9]]

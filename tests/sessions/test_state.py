@@ -7,6 +7,7 @@ import asyncio
 import numpy as np
 
 from polar.canonical import ChatRequest, ChatResult, Message, TextPart
+from polar.capture.records import MessageLog
 from polar.sessions.fingerprints import message_fingerprint
 from polar.sessions.state import SessionStates, Turn, new_turn
 from tests.support.captures import Recorder
@@ -53,7 +54,7 @@ def test_a_session_is_rebuilt_from_the_database_after_a_restart(tmp_path):
     ext, why = state.extension(third, [message_fingerprint(m) for m in third.messages])
     assert why == "" and ext.turn is turn and [m.text() for m in ext.new_messages] == ["again"]
     assert state.lineage([1, 2, 3, 10, 11, 99, 4, 5, 12, 99, 6]).parent == row2
-    assert [d for d, _ in state.messages] == second.model_dump(mode="json", exclude_none=True)["messages"]
+    assert state.messages.row == row2 and [d for d, _ in state.messages.items] == second.model_dump(mode="json", exclude_none=True)["messages"]
     assert row1 < row2
 
 
@@ -64,8 +65,9 @@ def test_state_changes_only_through_record_and_unknown_sessions_are_left_to_rebu
     state = asyncio.run(states.get("s"))
     request = _request(_msg("user", "hi"))
     keys = [message_fingerprint(m) for m in request.messages]
-    states.record("s", new_turn(7, request, keys, _result("yo", [1, 2], [3])), [({"role": "user"}, "h")])
-    assert [t.row for t in state.turns] == [7] and state.messages == [({"role": "user"}, "h")]
+    log = MessageLog(7, 0, [({"role": "user"}, "h")])
+    states.record("s", new_turn(7, request, keys, _result("yo", [1, 2], [3])), log)
+    assert [t.row for t in state.turns] == [7] and state.messages is log
 
 
 def test_one_lru_policy_bounds_sessions_turns_and_tokens():

@@ -54,7 +54,7 @@ class Recorder:
         tokens = TokenRecord(prompt, completion, logprobs, state.lineage(prompt))
         end = self._end("ok", messages, metadata, state, continues=continues, finish_reason=finish, prompt_mode=mode, policy_version=policy,
                         model="test-model", tokens=tokens, result=json.dumps(result) if result else None)
-        row_id = self._write(session, end, provider)
+        row_id = self._write(session, end, provider, state)
         ids = np.asarray([*prompt, *completion], dtype="<u4")
         state.add(Turn(row_id, ids, len(prompt), "", [], ""), keep=16)
         return row_id
@@ -63,7 +63,7 @@ class Recorder:
              error: str = "scripted failure", provider: str = "test") -> int:
         state = self._sessions.setdefault(session, SessionState())
         end = self._end(status, messages, None, state, error_kind="upstream", error=error)
-        return self._write(session, end, provider)
+        return self._write(session, end, provider, state)
 
     def count_tokens(self, session: str) -> int:
         """An ok call that samples nothing (a token count): no token columns."""
@@ -78,11 +78,10 @@ class Recorder:
         if messages is not None:
             end.canonical = {"model": "test-model", "messages": messages, **({"metadata": metadata} if metadata else {}),
                              **({"continues": continues} if continues else {})}
-            end.message_refs, end.new_messages = encode_messages(messages, state.messages)
-            state.messages = list(zip(messages, end.message_refs))
+            end.messages = encode_messages(messages, state.messages)
         return end
 
-    def _write(self, session: str, end: CallEnd, provider: str) -> int:
+    def _write(self, session: str, end: CallEnd, provider: str, state: SessionState | None = None) -> int:
         self._n += 1
         start = CallStart(call_id=f"c{self._n:04d}", session_id=session, provider=provider,
                           endpoint="generate", path="/test", client=None, key_hash=None, request_headers={},
@@ -94,4 +93,7 @@ class Recorder:
 
         # A thread of its own: a test may run while another loop runs in this one (Playwright's sync API).
         with ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, both()).result()
+            row_id = pool.submit(asyncio.run, both()).result()
+        if state is not None and end.messages is not None:  # as the gateway: once the row has committed
+            state.messages = end.messages.log(row_id, end.canonical["messages"])
+        return row_id
