@@ -29,7 +29,7 @@ CALLS: dict[str, Any] = {
     "error": str,
     "client": str,
     "key_hash": str,  # salted hash of the client's API key; the key itself is never stored
-    "request_headers": str,
+    "request_headers": str,  # JSON, as the JSON columns below
     "request_body": bytes,
     "body_encoding": str,  # where and how the request body is: NULL (as is), zlib, zstd, zstd-delta (bodies.py)
     "body_id": int,  # zstd, zstd-delta: the body's row in `bodies`
