@@ -21,9 +21,9 @@ import sys
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from tests.support.captures import rewrite_completion
 from tests.support.real_vllm import REPO, template_subset, vllm_python
 
 pytestmark = pytest.mark.vllm
@@ -108,14 +108,12 @@ def test_faithful_sessions_verify_within_tolerance(template_vllm, polar, recorde
 def alter(db: Path, row_id: int, at: list[int]) -> list[int]:
     """Replace the sampled ids at these indices of a row's completion with other ordinary tokens (later calls'
     prompts extend this row, so they see the altered ids too, as a trainer given these tokens would)."""
-    conn = sqlite3.connect(db)
-    (blob,), = conn.execute("SELECT completion_ids FROM calls WHERE id=?", (row_id,))
-    ids = np.frombuffer(blob, dtype="<u4").copy()
-    ids[at] = (ids[at] + 1000) % 240_000
-    conn.execute("UPDATE calls SET completion_ids=? WHERE id=?", (ids.tobytes(), row_id))
-    conn.commit()
-    conn.close()
-    return [int(ids[i]) for i in at]
+    def shifted(ids, logprobs):
+        ids[at] = (ids[at] + 1000) % 240_000
+        return ids, logprobs
+
+    ids = rewrite_completion(db, row_id, shifted)
+    return [ids[i] for i in at]
 
 
 @template_subset(lambda p: False)
@@ -167,13 +165,8 @@ def test_a_turn_retokenized_from_its_text_is_flagged(polar, recorded, model_dir,
             break
     else:
         pytest.fail("every session's last turn re-tokenizes to its own ids: nothing to show")
-    kept = last["completion_logprobs"][: len(new)]  # the captured logprobs, paired by position with the new ids
-    conn = sqlite3.connect(copy)
-    conn.execute("UPDATE calls SET completion_ids=?, completion_len=?, completion_logprobs=? WHERE id=?",
-                 (np.asarray(new, dtype="<u4").tobytes(), len(new), np.asarray(kept, dtype="<f4").tobytes(),
-                  last["id"]))
-    conn.commit()
-    conn.close()
+    # the captured logprobs, paired by position with the new ids
+    rewrite_completion(copy, last["id"], lambda ids, logprobs: (new, logprobs[: len(new)]))
     code, lines, summary = polar_verify(copy, model_dir)
     assert code == 1, summary
     lines = by_session(lines)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from polar.capture.bodies import unpack
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages
 from polar.capture.writer import CaptureWriter
@@ -97,3 +99,22 @@ class Recorder:
         if state is not None and end.messages is not None:  # as the gateway: once the row has committed
             state.messages = end.messages.log(row_id, end.canonical["messages"])
         return row_id
+
+
+def rewrite_completion(db: Path, row_id: int, edit) -> list[int]:
+    """Tamper with a stored row's sampled ids as someone editing the database would: `edit(ids, logprobs)`
+    (decoded, whatever the row's encoding) returns the new ids and logprobs, written back as they are
+    (completion_encoding NULL: it covers both columns). Returns the new ids."""
+    conn = sqlite3.connect(db)
+    blob, lp_blob, encoding = conn.execute(
+        "SELECT completion_ids, completion_logprobs, completion_encoding FROM calls WHERE id=?", (row_id,)).fetchone()
+    ids = np.frombuffer(unpack(blob, encoding, "test"), dtype="<u4").copy()
+    logprobs = None if lp_blob is None else np.frombuffer(unpack(lp_blob, encoding, "test"), dtype="<f4").copy()
+    ids, logprobs = edit(ids, logprobs)
+    ids = np.asarray(ids, dtype="<u4")
+    conn.execute("UPDATE calls SET completion_ids=?, completion_len=?, completion_logprobs=?, completion_encoding=NULL "
+                 "WHERE id=?", (ids.tobytes(), len(ids),
+                                None if logprobs is None else np.asarray(logprobs, dtype="<f4").tobytes(), row_id))
+    conn.commit()
+    conn.close()
+    return ids.tolist()

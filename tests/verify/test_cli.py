@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import sqlite3
 
-import numpy as np
 from click.testing import CliRunner
 
 from polar.cli import main
-from tests.support.captures import Recorder
+from tests.support.captures import Recorder, rewrite_completion
 from tests.verify.conftest import faithful, record_session
 
 
@@ -40,12 +39,14 @@ def test_an_altered_trajectory_exits_1_and_is_named(tmp_path, fake_worker, model
     rec.call("s2", [5, 6], [30, 31], logprobs=faithful([30, 31]))
     rec.close()
     conn = sqlite3.connect(db)
-    (row_id, blob), = conn.execute("SELECT id, completion_ids FROM calls WHERE session_id='s1' ORDER BY id LIMIT 1")
-    ids = np.frombuffer(blob, dtype="<u4").copy()
-    ids[[0, 3]] += 1
-    conn.execute("UPDATE calls SET completion_ids=? WHERE id=?", (ids.tobytes(), row_id))
-    conn.commit()
+    (row_id,), = conn.execute("SELECT id FROM calls WHERE session_id='s1' ORDER BY id LIMIT 1")
     conn.close()
+
+    def bumped(ids, logprobs):
+        ids[[0, 3]] += 1
+        return ids, logprobs
+
+    rewrite_completion(db, row_id, bumped)
     done = run("--db", db, "--model", model_dir, "--python", fake_worker, "--json", "--tolerance", 0.5)
     assert done.exit_code == 1
     s1, s2 = (json.loads(line) for line in done.stdout.splitlines())

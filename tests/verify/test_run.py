@@ -6,11 +6,10 @@ from __future__ import annotations
 import sqlite3
 import sys
 
-import numpy as np
 import pytest
 
 from polar.verify import Tolerance, VerifyError, find_python, verify
-from tests.support.captures import Recorder
+from tests.support.captures import Recorder, rewrite_completion
 from tests.verify.conftest import faithful, record_session
 
 
@@ -31,12 +30,14 @@ def test_altered_sampled_ids_are_flagged_where_they_were_altered(tmp_path, fake_
     db = tmp_path / "captures.db"
     record_session(db, noise=0.0).close()
     conn = sqlite3.connect(db)  # the middle turn's 2nd sampled id: 17 → 19 (logprob −3 → −5)
-    row_id, blob = conn.execute("SELECT id, completion_ids FROM calls ORDER BY id LIMIT 1 OFFSET 1").fetchone()
-    ids = np.frombuffer(blob, dtype="<u4").copy()
-    ids[1] = 19
-    conn.execute("UPDATE calls SET completion_ids=? WHERE id=?", (ids.tobytes(), row_id))
-    conn.commit()
+    (row_id,) = conn.execute("SELECT id FROM calls ORDER BY id LIMIT 1 OFFSET 1").fetchone()
     conn.close()
+
+    def altered(ids, logprobs):
+        ids[1] = 19
+        return ids, logprobs
+
+    rewrite_completion(db, row_id, altered)
     run = verify(db, model_dir, python=fake_worker, tolerance=Tolerance(0.05))
     (check,) = run.checks
     assert not run.ok and check.status == "mismatch"
