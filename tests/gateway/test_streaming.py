@@ -5,12 +5,14 @@ nobody ever reads it, or its row cannot be committed at the end."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import uuid
 
 import httpx
 
+from polar.canonical import ChatRequest
 from polar.capture.reader import CaptureReader
 from polar.capture.writer import CaptureWriter
 from polar.gateway.pipeline import Gateway, GatewayRequest
@@ -91,3 +93,36 @@ def test_a_row_that_cannot_be_committed_ends_the_stream_with_an_error_not_its_en
     # what was captured before is still there, in the file polar had open
     (row,) = CaptureReader(tmp_path / "moved-away.db").calls(session=session)
     assert row["status"] == "pending"
+
+
+def test_a_settled_stream_lets_go_of_its_request_while_its_reply_lives_on(double_server, tmp_path):
+    """mitmproxy's flow holds the reply in reference cycles, until a full garbage collection. Once the call
+    is settled, the parsed request (an agent's whole history) must not ride along: it goes by reference
+    counting, with the collector off, while the reply is still held here as the flow would hold it."""
+    _, url = double_server
+    script(url, "done")
+    session = f"release-{uuid.uuid4().hex[:6]}"
+
+    def requests_alive() -> int:
+        return sum(1 for o in gc.get_objects() if type(o) is ChatRequest)
+
+    async def main():
+        writer = CaptureWriter(tmp_path / "captures.db")
+        gateway = Gateway(writer, VLLMChat(url))
+        before = requests_alive()
+        out = await gateway.handle(request(session))
+        assert requests_alive() > before  # the call holds it while it runs
+        body = b"".join([chunk async for chunk in out.reply.call.chunks()])
+        await out.reply.call.wait_settled()
+        assert b"message_stop" in body
+        alive = requests_alive()
+        await gateway.backend.aclose()
+        writer.close()
+        return out, alive, before
+
+    gc.disable()
+    try:
+        out, alive, before = run(main())
+    finally:
+        gc.enable()
+    assert alive == before and out.reply.call.settled
