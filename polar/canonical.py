@@ -125,6 +125,16 @@ class ChatRequest(_Model):
     # capture as the client's tags; polar itself never reads it.
     metadata: dict[str, Any] = Field(default_factory=dict)
 
+    def stored(self) -> dict[str, Any]:
+        """The request as its capture row holds it: JSON values, fields at None left out. Messages hold
+        only strings, booleans and lists, whose Python form is their JSON form, so they are dumped in
+        Python mode: pydantic's JSON mode with exclude_none costs ~4x as much (1.6 vs 0.4 ms for an
+        agent's 240 messages, on every call). The rest (tools, sampling, metadata: any JSON value) goes
+        through JSON mode, as the whole request did."""
+        out = self.model_dump(mode="json", exclude_none=True, exclude={"messages"})
+        out["messages"] = self.model_dump(exclude_none=True, include={"messages"})["messages"]
+        return out
+
 
 FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "content_filter"]
 

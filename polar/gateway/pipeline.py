@@ -307,7 +307,7 @@ class _Call:
         end.rewrites = [*self.rewrites, *end.rewrites]
         if self.request is not None:
             end.model, end.stream = self.request.model, self.request.stream
-            canonical = self.request.model_dump(mode="json", exclude_none=True)
+            canonical = self.request.stored()
             end.canonical = canonical
             end.messages = encode_messages(canonical["messages"], self.session_messages)
         result = self.result
