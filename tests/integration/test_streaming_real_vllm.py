@@ -30,8 +30,8 @@ def polars(template_vllm, template_tap, start_polar):
     return {mode: start_polar(template_tap.url, mode, template=template_vllm.template) for mode in MODES}
 
 
-def anthropic_body(stream: bool, max_tokens: int) -> dict:
-    return {"model": "claude", "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+def anthropic_body(stream: bool, max_tokens: int, temperature: float = 0) -> dict:
+    return {"model": "claude", "max_tokens": max_tokens, "temperature": temperature, "stream": stream,
             "messages": [{"role": "user", "content": PROMPT}]}
 
 
@@ -81,13 +81,16 @@ def test_a_client_that_leaves_frees_the_engine(template_vllm, start_polar, mode)
     session = f"rs-leave-{mode}-{uuid.uuid4().hex[:6]}"
     max_tokens = 3000
     before = vllm_metrics(template_vllm.url)
-    with httpx.stream("POST", f"{polar.url}/v1/messages", json=anthropic_body(True, max_tokens),
+    # Sampled, not greedy: the tiny model's greedy answer ends after ~110 tokens (< 1 s), which a loaded
+    # machine can relay in one write before the client's leaving is seen (CI saw the row end "ok"); sampled,
+    # it runs on towards max_tokens, so the client surely leaves while vLLM is still sampling.
+    with httpx.stream("POST", f"{polar.url}/v1/messages", json=anthropic_body(True, max_tokens, temperature=1.0),
                       headers={"x-polar-session": session}, timeout=300) as r:
         seen = 0
         for line in r.iter_lines():
             seen += line.startswith("event: content_block_delta")
             if seen >= 2:
-                break  # leave while vLLM is still sampling (its greedy answer here is ~110 tokens, sampled in < 1 s)
+                break
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and vllm_metrics(template_vllm.url)["running"] > 0:
         time.sleep(0.2)
