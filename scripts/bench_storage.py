@@ -204,8 +204,8 @@ def unique_tokens(path: Path) -> int:
 
 def old_format(src: Path, dst: Path) -> None:
     """`src`'s rows as the earlier writer stored them: request bodies zlib-compressed whole (as they are
-    when small), large canonical parts inline and every message reference listed in each row, responses, results, messages and prompt ids
-    as they are."""
+    when small), large canonical parts inline and every message reference listed in each row,
+    responses, results, messages and prompt ids as they are."""
     dst.unlink(missing_ok=True)
     with closing(sqlite3.connect(src)) as conn:
         conn.execute("VACUUM INTO ?", (str(dst),))

@@ -14,7 +14,8 @@ harness sends the same system prompt and tools in every session. Large bodies li
 which nothing deletes from, so deleting a call's row never makes another call's body unreadable.
 Linear in everything: a session's next keyframe comes once its deltas since the last one add up to
 KEY_SHARE times that keyframe's size (keyframes then add at most 1/KEY_SHARE of the deltas' bytes; a
-keyframe every k calls would grow as calls x context). Bounded reads: a chain of deltas ends in a keyframe after at most CHAIN bodies.
+keyframe every k calls would grow as calls x context). Bounded reads: a chain of deltas ends in a
+keyframe after at most CHAIN bodies.
 Crash safety: the writer takes a body as a base only once the transaction that wrote it has committed
 (`BodyBases.commit`), so no body references one that a failed write or a rolled-back transaction took away.
 """
@@ -188,8 +189,9 @@ def compress(data: bytes) -> bytes:
 def pack_json(text: str) -> str | bytes:
     """JSON text as a column holds it: the text (readable by SQLite's JSON functions), or (a BLOB) the
     text zstd-compressed when over COLUMN_SMALL bytes and smaller so."""
-    data, encoding = pack(text.encode())
-    return text if encoding is None or len(data) >= len(text) else data
+    raw = text.encode()
+    data, encoding = pack(raw)
+    return text if encoding is None or len(data) >= len(raw) else data
 
 
 def unpack_json(value: str | bytes) -> str | bytes:

@@ -110,17 +110,17 @@ class CaptureReader:
         return out
 
 
-MEMO_REFS = 4_000_000  # message references a reader keeps (row id → its list), all rows together: ~32 MB
-
-
 def _lineage_row(conn: sqlite3.Connection, row_id: int) -> tuple | None:
-    for sql in _LINEAGE_BY_SCHEMA:
+    *newer, oldest = _LINEAGE_BY_SCHEMA
+    for sql in newer:
         try:
             return conn.execute(sql, (row_id,)).fetchone()
         except sqlite3.OperationalError:  # an older database: a column this query names is not there
-            if sql is _LINEAGE_BY_SCHEMA[-1]:
-                raise
-    return None
+            pass
+    return conn.execute(oldest, (row_id,)).fetchone()
+
+
+MEMO_REFS = 4_000_000  # message references a reader keeps (row id → its list), all rows together: ~32 MB
 
 
 @dataclass

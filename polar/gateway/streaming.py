@@ -275,26 +275,13 @@ class StreamingCall:
             # these references the request (every message of an agent's history, parsed), its prompt ids
             # and the parsed answer go now, by reference counting, instead of riding along to be walked
             # by every collection until then (py-spy: a growing share of CPU at agent-sized histories).
-            self.upstream = _SETTLED
-            self._settle = _already_settled
+            del self.upstream, self._settle
 
     def _sent(self, data: bytes) -> bytes:
         self.sent.append(data)
         return data
 
 
-async def _already_settled(end: CallEnd, result: ChatResult | None) -> str | None:
-    raise RuntimeError("a streamed call is settled once")
-
-
-class _Settled:
-    """What a settled call's `upstream` becomes: any use of it is a bug, and says so."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise RuntimeError(f"the upstream of a settled call was used ({name})")
-
-
-_SETTLED = _Settled()
 _END = object()  # the upstream's stream ended
 _SILENCE = object()  # nothing went out for keepalive_s
 _QUEUED_CHUNKS = 4096  # upstream chunks read ahead of a slow client before reading pauses (backpressure)
