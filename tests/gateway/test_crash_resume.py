@@ -46,6 +46,9 @@ def test_a_session_survives_sigkill_between_turns_token_for_token(double_server,
         full = prev["prompt_ids"] + prev["completion_ids"]
         assert row["prompt_ids"][: len(full)] == full  # no sampled id re-encoded, across the kills too
         assert row["prompt_parent"] == prev["id"]  # and stored linearly against it
+        # the message list, stored against the previous row's (a whole list after each restart), reads back
+        # as the history the harness re-sent
+        assert row["canonical"]["messages"][: len(prev["canonical"]["messages"])] == prev["canonical"]["messages"]
     (drift,) = drift_report(rows)
     assert drift.trajectories == 1 and drift.breaks == []
     assert drift.carried_tokens > 0 and drift.reappeared_fraction == 1.0  # 100 % of sampled tokens carried
