@@ -9,10 +9,11 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 source "$REPO/scripts/find_python.sh"
 
-if [ ! -x "$VENV/bin/python" ]; then
+# A venv cut off while it was created (python there, pip not yet) is made again, not used half-built.
+if [ ! -x "$VENV/bin/python" ] || [ ! -x "$VENV/bin/pip" ]; then
   PY="$(find_python 3.12)" || { echo "polar needs Python >= 3.12 (mitmproxy 12); none found on PATH or under ~/.pyenv. Set POLAR_PYTHON." >&2; exit 1; }
   echo "bootstrap: creating $VENV with $PY"
-  "$PY" -m venv "$VENV"
+  "$PY" -m venv --clear "$VENV"
 fi
 STAMP="$VENV/.polar-installed"
 WANT="$(cat "$REPO/pyproject.toml" "$REPO/scripts/constraints.txt" | sha256sum | cut -c1-16)"
