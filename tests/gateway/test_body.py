@@ -49,3 +49,40 @@ def test_exactly_at_the_limit_is_served():
 
 def test_a_bare_null_is_a_value_not_a_nesting_error():
     assert decode_json(b"null", None, 1 << 20) is None  # refused later, as "must be a JSON object"
+
+
+any_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=2**62, max_value=2**80)
+    | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=30)
+
+
+@given(any_json)
+def test_decoded_as_json_decodes_it(value):
+    """orjson decodes where it can; the value is always `json`'s, big integers digit for digit."""
+    text = json.dumps(value, ensure_ascii=False)
+    assert decode_json(text.encode(), None, 1 << 20) == json.loads(text)
+    assert json.dumps(decode_json(text.encode(), None, 1 << 20)) == json.dumps(json.loads(text))
+
+
+@pytest.mark.parametrize("number", ["18446744073709551616", "-9223372036854775809", "1" + "0" * 30,
+                                    "9223372036854775808", "123456789012345678901234567890"])
+def test_integers_past_64_bits_keep_every_digit(number):
+    body = ('{"input": {"n": %s, "deep": [[{"m": %s}]]}}' % (number, number)).encode()
+    value = decode_json(body, "application/json", 1 << 20)
+    assert value["input"]["n"] == int(number) and type(value["input"]["n"]) is int
+    assert value["input"]["deep"][0][0]["m"] == int(number)
+
+
+@pytest.mark.parametrize("body", [b'{"t": NaN}', b'\xef\xbb\xbf{"a": 1}', '{"a": "é"}'.encode("utf-16"), b'{"x": 1e400}',
+                                  b'{"x": 1e19}'])
+def test_what_orjson_refuses_json_still_takes(body):
+    text = body.decode(json.detect_encoding(body))
+    assert json.dumps(decode_json(body, None, 1 << 20)) == json.dumps(json.loads(text))
+
+
+def test_a_lone_surrogate_is_refused_either_way():
+    with pytest.raises(GatewayError, match="unpaired UTF-16 surrogate"):
+        decode_json(b'{"a": "\\ud800"}', None, 1 << 20)
+    assert decode_json(b'{"a": "\\ud83d\\ude00"}', None, 1 << 20) == {"a": "\U0001f600"}
