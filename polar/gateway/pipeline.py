@@ -39,6 +39,7 @@ from polar.gateway.methods import allowed, headers_only, method_reply
 from polar.gateway.streaming import StreamingCall, StreamReply
 from polar.providers import ProviderSet, Sealer
 from polar.providers.base import HttpReply, Parsed, Provider, Route
+from polar.providers.history import Histories
 from polar.sessions.fingerprints import answer_message, message_fingerprint
 from polar.sessions.identity import Identity, SessionRegistry, redact
 from polar.sessions.state import SessionState, SessionStates, SessionView, new_turn
@@ -76,6 +77,7 @@ class Gateway:
         max_body_bytes: int = 64 * 1024 * 1024,
         model_aliases: list[str] | None = None,
         keepalive_s: float = 5.0,
+        histories: Histories | None = None,
     ):
         self.writer = writer
         self.reader = CaptureReader(writer.path)
@@ -84,6 +86,8 @@ class Gateway:
         self.states = states if states is not None else SessionStates(self.reader.recent_calls)  # (empty is falsy)
         self.gate = gate or SamplingGate()
         self.providers = ProviderSet(Sealer(writer.seal_key))  # reasoning seals keyed per capture database
+        # Each session's last reads of its history: a call parses only what its history adds.
+        self.histories = histories if histories is not None else Histories()
         self.max_body_bytes = max_body_bytes
         self.model_aliases = model_aliases or []
         self.keepalive_s = keepalive_s  # silence on a stream after which the client gets a keep-alive
@@ -201,7 +205,7 @@ class Gateway:
                                              f"act as session {ident.refused!r}")
         if route is None:
             raise GatewayError("not_found", f"polar does not serve {req.method} {ident.path}")
-        parsed = self._parse(req, route)
+        parsed = self._parse(req, route, ident.session)
         state.rewrites = list(parsed.rewrites)
         request = parsed.request
         if request.continues:
@@ -248,9 +252,9 @@ class Gateway:
             turn = new_turn(row_id, state.request, state.keys, state.result, state.prompt)
         self.states.record(session, turn, messages)
 
-    def _parse(self, req: GatewayRequest, route: Route) -> Parsed:
+    def _parse(self, req: GatewayRequest, route: Route, session: str) -> Parsed:
         body = decode_json(req.body, req.headers.get("content-type"), self.max_body_bytes)
-        return route.provider.parse(route, body)
+        return route.provider.parse(route, body, self.histories.get(session, route.provider.name, len(req.body)))
 
     async def _continue_from(self, request: ChatRequest, session: str) -> ChatRequest:
         """Responses `previous_response_id`: prepend that call's conversation and answer (same session only)."""

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 
 from polar.canonical import ChatRequest, ChatResult, ToolCall
 from polar.errors import STATUS, GatewayError
+from polar.providers.history import History
 from polar.providers.reasoning_seal import Sealer
 from polar.providers.stream import StreamRenderer
 
@@ -75,8 +76,9 @@ class Provider[Ctx]:
         """Return a Route when (method, path) is one of this provider's model endpoints."""
         raise NotImplementedError
 
-    def parse(self, route: Route, body: Any) -> Parsed[Ctx]:
-        """Provider JSON body (already decoded) → canonical request. Raises GatewayError('invalid_request')."""
+    def parse(self, route: Route, body: Any, history: History | None = None) -> Parsed[Ctx]:
+        """Provider JSON body (already decoded) → canonical request. Raises GatewayError('invalid_request').
+        `history`: the session's earlier reads of this format's history items (providers/history.py)."""
         raise NotImplementedError
 
     def render(self, route: Route, context: Ctx, request: ChatRequest, result: ChatResult) -> HttpReply:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polar.canonical import ImagePart, Message, Thinking, ToolChoice
+from polar.canonical import ImagePart, Thinking, ToolChoice
 from polar.errors import GatewayError
 from polar.providers.base import HttpReply, now
 from polar.providers.fields import expect, invalid
@@ -114,12 +114,3 @@ def json_schema_format(fmt: Any, where: str, nested: str | None = None) -> dict[
         holder = expect(fmt.get(nested), dict, path) if nested else fmt
         return expect(holder.get("schema"), dict, f"{path}.schema")
     raise invalid(f"'{where}.type' must be 'text', 'json_object' or 'json_schema'", f"{where}.type")
-
-
-def name_tool_results(messages: list[Message]) -> None:
-    """Give each tool result the name of the call it answers (both APIs send only the call id)."""
-    names: dict[str, str] = {}
-    for message in messages:
-        names.update((call.id, call.name) for call in message.tool_calls)
-        if message.role == "tool" and message.name is None and message.tool_call_id in names:
-            message.name = names[message.tool_call_id]

@@ -23,6 +23,7 @@ from polar.providers.base import (
     new_id,
     now,
 )
+from polar.providers.history import History
 from polar.providers.stream import replay
 
 _GENERATE_PATH = "/v1/messages"
@@ -42,8 +43,8 @@ class AnthropicMessages(Provider[AnthropicContext]):
             return Route(self, "generate", query=dict(query))
         return None
 
-    def parse(self, route: Route, body: Any) -> Parsed[AnthropicContext]:
-        return parse_request(route, body, self.sealer)
+    def parse(self, route: Route, body: Any, history: History | None = None) -> Parsed[AnthropicContext]:
+        return parse_request(route, body, self.sealer, history)
 
     def render(self, route: Route, context: AnthropicContext, request: ChatRequest, result: ChatResult) -> HttpReply:
         headers = {"request-id": new_id("req_")}

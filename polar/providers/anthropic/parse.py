@@ -29,6 +29,7 @@ from polar.providers.fields import (
     require,
     strings,
 )
+from polar.providers.history import History, MessageReader, read_history
 from polar.providers.reasoning_seal import Sealer
 
 
@@ -48,7 +49,8 @@ _SERVER_BLOCKS = {"server_tool_use", "mcp_tool_use", "mcp_tool_result", "contain
 _BILLING_LINE = re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n|$)", re.MULTILINE)
 
 
-def parse_request(route: Route, body: Any, sealer: Sealer) -> Parsed[AnthropicContext]:
+def parse_request(route: Route, body: Any, sealer: Sealer, history: History | None = None) -> Parsed[AnthropicContext]:
+    """`history`: the session's earlier reads of its messages, resumed where this request repeats them."""
     body = body_object(body)
     generate = route.endpoint == "generate"
     max_tokens = require(body, "max_tokens", int) if generate else optional(body, "max_tokens", int)
@@ -59,9 +61,15 @@ def parse_request(route: Route, body: Any, sealer: Sealer) -> Parsed[AnthropicCo
     choice, parallel = _parse_tool_choice(optional(body, "tool_choice", dict))
     effort, schema = _output_config(body.get("output_config"))
     thinking, display = _parse_thinking(optional(body, "thinking", dict), effort)
+    model = require(body, "model", str)
+    system = reader.system(body.get("system"))
+    raw_messages = require(body, "messages", list)
+    if not raw_messages:
+        raise invalid("field 'messages' must contain at least one message", "messages")
+    conversation = _Conversation(sealer)
     request = ChatRequest(
-        model=require(body, "model", str),
-        messages=reader.system(body.get("system")) + reader.messages(require(body, "messages", list)),
+        model=model,
+        messages=system + read_history(raw_messages, conversation, history),
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=parallel,
@@ -77,7 +85,8 @@ def parse_request(route: Route, body: Any, sealer: Sealer) -> Parsed[AnthropicCo
         response_schema=schema,
         metadata=optional(body, "metadata", dict, default={}),
     )
-    return Parsed(request, AnthropicContext(thinking_display=display), list(dict.fromkeys(reader.rewrites)))
+    rewrites = list(dict.fromkeys(reader.rewrites + conversation.notes))
+    return Parsed(request, AnthropicContext(thinking_display=display), rewrites)
 
 
 Block = tuple[dict, str]  # a content block and its path in the body, for error messages
@@ -105,19 +114,11 @@ def _text_parts(blocks: list[Block]) -> list[Part]:
 
 
 class _Reader:
-    """Reads one request's system, messages and tools, noting what it leaves out or changes."""
+    """Reads a request's tools and system prompt, noting what it leaves out or changes."""
 
     def __init__(self, sealer: Sealer):
         self.sealer = sealer
-        self.tool_names: dict[str, str] = {}  # tool_use id -> tool name, so results can carry the name
         self.rewrites: list[str] = []
-
-    def _server_block(self, kind: str) -> bool:
-        """Whether a block is a hosted tool's trace, which is left out (and noted)."""
-        if kind in _SERVER_BLOCKS or kind.endswith("_tool_result"):
-            self.rewrites.append(f"server tool block left out: {kind}")
-            return True
-        return False
 
     def system(self, system: Any) -> list[Message]:
         if system is None or system == "":
@@ -135,24 +136,55 @@ class _Reader:
         self.rewrites.append("Claude Code billing line removed from the system prompt")
         return part.model_copy(update={"text": text}) if text.strip() else None
 
-    def messages(self, raw: list) -> list[Message]:
-        if not raw:
-            raise invalid("field 'messages' must contain at least one message", "messages")
-        out: list[Message] = []
-        for i, item in enumerate(raw):
-            where = f"messages[{i}]"
-            role = require(expect(item, dict, where), "role", str, f"{where}.")
-            blocks = _blocks(require(item, "content", (str, list), f"{where}."), f"{where}.content")
-            if role == "user":
-                out.extend(self._user_messages(blocks))
-            elif role == "assistant":
-                out.append(self._assistant_message(blocks))
-            elif role == "system":
-                out.append(Message(role="system", content=_text_parts(blocks)))
-            else:
-                message = f"field '{where}.role' must be 'user', 'assistant' or 'system', got {role!r}"
-                raise invalid(message, f"{where}.role")
-        return out
+    def tools(self, raw: list) -> list[Tool]:
+        """Custom tools; Anthropic-hosted/typed tools, which polar cannot run, are noted and left out."""
+        tools: list[Tool] = []
+        for k, item in enumerate(raw):
+            where = f"tools[{k}]."
+            kind = optional(expect(item, dict, f"tools[{k}]"), "type", str, where)
+            if kind not in (None, "custom"):
+                name = item.get("name") if isinstance(item.get("name"), str) else kind
+                self.rewrites.append(f"server tool not offered to the model: {name}")
+                continue
+            tools.append(
+                Tool(
+                    name=require(item, "name", str, where),
+                    description=optional(item, "description", str, where),
+                    parameters=require(item, "input_schema", dict, where),
+                )
+            )
+        return tools
+
+
+class _Conversation(MessageReader):
+    """Reads `messages` one by one into canonical messages, noting what it leaves out or changes."""
+
+    def __init__(self, sealer: Sealer):
+        super().__init__()
+        self.sealer = sealer
+
+    def _server_block(self, kind: str) -> bool:
+        """Whether a block is a hosted tool's trace, which is left out (and noted)."""
+        if kind in _SERVER_BLOCKS or kind.endswith("_tool_result"):
+            self.notes.append(f"server tool block left out: {kind}")
+            return True
+        return False
+
+    def read(self, index: int, item: Any) -> None:
+        where = f"messages[{index}]"
+        role = require(expect(item, dict, where), "role", str, f"{where}.")
+        blocks = _blocks(require(item, "content", (str, list), f"{where}."), f"{where}.content")
+        if role == "user":
+            self.messages.extend(self._user_messages(blocks))
+        elif role == "assistant":
+            message = self._assistant_message(blocks)
+            self.names.add(message)
+            self.messages.append(message)
+        elif role == "system":
+            self.messages.append(Message(role="system", content=_text_parts(blocks)))
+        else:
+            message = f"field '{where}.role' must be 'user', 'assistant' or 'system', got {role!r}"
+            raise invalid(message, f"{where}.role")
 
     def _user_messages(self, blocks: list[Block]) -> list[Message]:
         """Tool results become tool messages, in order; what is left follows as one user message."""
@@ -192,7 +224,7 @@ class _Reader:
         # PDFs and files cannot reach a text model. Failing would wedge a harness whose history holds
         # one forever, so the model is told a document was left out instead.
         media = optional(source, "media_type", str, where) or kind
-        self.rewrites.append(f"document replaced by a note: {media}")
+        self.notes.append(f"document replaced by a note: {media}")
         return [TextPart(text=f"[document omitted: {media} documents are not supported]")]
 
     def _tool_result(self, block: dict, path: str) -> Message:
@@ -206,7 +238,7 @@ class _Reader:
             role="tool",
             content=parts,
             tool_call_id=call_id,
-            name=self.tool_names.get(call_id),
+            name=self.names.get(call_id),
             is_error=optional(block, "is_error", bool, f"{path}.", default=False),
         )
 
@@ -221,9 +253,7 @@ class _Reader:
             elif kind == "redacted_thinking":
                 message.reasoning.append(Reasoning(text=require(block, "data", str, f"{path}."), redacted=True))
             elif kind == "tool_use":
-                call = _tool_use(block, path)
-                self.tool_names[call.id] = call.name
-                message.tool_calls.append(call)
+                message.tool_calls.append(_tool_use(block, path))
             elif not self._server_block(kind):
                 raise invalid(f"'{path}' has unsupported assistant content block type {kind!r}", f"{path}.type")
         return message
@@ -235,25 +265,6 @@ class _Reader:
         if not text:
             text = self.sealer.unseal(signature) or ""
         return Reasoning(text=text, signature=signature)
-
-    def tools(self, raw: list) -> list[Tool]:
-        """Custom tools; Anthropic-hosted/typed tools, which polar cannot run, are noted and left out."""
-        tools: list[Tool] = []
-        for k, item in enumerate(raw):
-            where = f"tools[{k}]."
-            kind = optional(expect(item, dict, f"tools[{k}]"), "type", str, where)
-            if kind not in (None, "custom"):
-                name = item.get("name") if isinstance(item.get("name"), str) else kind
-                self.rewrites.append(f"server tool not offered to the model: {name}")
-                continue
-            tools.append(
-                Tool(
-                    name=require(item, "name", str, where),
-                    description=optional(item, "description", str, where),
-                    parameters=require(item, "input_schema", dict, where),
-                )
-            )
-        return tools
 
 
 def _image(block: dict, path: str) -> ImagePart:

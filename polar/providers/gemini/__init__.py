@@ -32,6 +32,7 @@ from polar.providers.base import HttpReply, Parsed, Provider, Route
 from polar.providers.gemini.parse import GeminiContext, model_name, parse_request
 from polar.providers.gemini.render import ERRORS, answer_parts, envelope_of, error_object, response
 from polar.providers.gemini.stream import GeminiStream
+from polar.providers.history import History
 from polar.providers.stream import replay
 
 _PUBLIC_PATH = re.compile(
@@ -72,8 +73,8 @@ class GeminiGenerate(Provider[GeminiContext]):
 
     # ---- request -------------------------------------------------------------------------
 
-    def parse(self, route: Route, body: Any) -> Parsed[GeminiContext]:
-        return parse_request(route, body, self.sealer)
+    def parse(self, route: Route, body: Any, history: History | None = None) -> Parsed[GeminiContext]:
+        return parse_request(route, body, self.sealer, history)
 
     # ---- responses -----------------------------------------------------------------------
 

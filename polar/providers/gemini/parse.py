@@ -28,6 +28,7 @@ from polar.providers.gemini.config import (
     tool_choice,
     tools,
 )
+from polar.providers.history import History, read_history
 from polar.providers.reasoning_seal import Sealer
 
 
@@ -46,7 +47,8 @@ class GeminiContext:
     code_assist: CodeAssist | None = None  # set when the request came in Gemini CLI's envelope
 
 
-def parse_request(route: Route, body: Any, sealer: Sealer) -> Parsed[GeminiContext]:
+def parse_request(route: Route, body: Any, sealer: Sealer, history: History | None = None) -> Parsed[GeminiContext]:
+    """`history`: the session's earlier reads of its contents, resumed where this request repeats them."""
     payload, model, where, envelope = _unwrap(route, body_object(body))
     if route.endpoint == "count_tokens":
         inner = optional(payload, k("generateContentRequest"), dict, where)
@@ -65,7 +67,7 @@ def parse_request(route: Route, body: Any, sealer: Sealer) -> Parsed[GeminiConte
     offered, builtin = tools(payload, where)
     request = ChatRequest(
         model=model_name(model),
-        messages=_system(payload, where) + _Conversation(where, sealer).messages(contents),
+        messages=_system(payload, where) + read_history(contents, _Conversation(where, sealer), history),
         tools=offered,
         tool_choice=tool_choice(payload, where),
         sampling=sampling(gen, gen_where),
@@ -128,22 +130,29 @@ class _Conversation:
     def __init__(self, where: str, sealer: Sealer):
         self.where = where
         self.sealer = sealer
+        self.messages: list[Message] = []
+        self.notes: list[str] = []
         self.open_calls: list[ToolCall] = []
 
-    def messages(self, contents: list) -> list[Message]:
-        out: list[Message] = []
-        for i, content in enumerate(contents):
-            where = f"{self.where}contents[{i}]"
-            content = expect(content, dict, where)
-            role = optional(content, "role", str, where + ".") or "user"
-            parts = optional(content, k("parts"), list, where + ".") or []
-            if role == "model":
-                out.append(self._assistant(i, parts, where))
-            elif role in ("user", "function"):  # "function" is the legacy role of function responses
-                out.extend(self._user(i, parts, where))
-            else:
-                raise invalid(f"field '{where}.role' must be 'user' or 'model', got '{role}'", f"{where}.role")
-        return out
+    # A `HistoryReader`: each content's messages are complete once it is read; the calls still waiting
+    # for their responses are the state carried on.
+    def checkpoint(self) -> tuple:
+        return tuple(self.open_calls)
+
+    def resume(self, messages: list[Message], notes: list[str], state: tuple) -> None:
+        self.messages, self.notes, self.open_calls = messages, notes, list(state)
+
+    def read(self, i: int, content: Any) -> None:
+        where = f"{self.where}contents[{i}]"
+        content = expect(content, dict, where)
+        role = optional(content, "role", str, where + ".") or "user"
+        parts = optional(content, k("parts"), list, where + ".") or []
+        if role == "model":
+            self.messages.append(self._assistant(i, parts, where))
+        elif role in ("user", "function"):  # "function" is the legacy role of function responses
+            self.messages.extend(self._user(i, parts, where))
+        else:
+            raise invalid(f"field '{where}.role' must be 'user' or 'model', got '{role}'", f"{where}.role")
 
     def _assistant(self, index: int, parts: list, where: str) -> Message:
         content: list[TextPart | ImagePart] = []

@@ -27,6 +27,7 @@ from typing import Any
 from polar.canonical import ChatRequest, ChatResult
 from polar.errors import GatewayError
 from polar.providers.base import HttpReply, Parsed, Provider, Route, bare_path
+from polar.providers.history import History
 from polar.providers.openai_chat.parse import ChatContext, parse_request
 from polar.providers.openai_chat.render import completion
 from polar.providers.openai_chat.stream import ChatStream
@@ -42,8 +43,8 @@ class OpenAIChat(Provider[ChatContext]):
             return Route(self, "generate")
         return None
 
-    def parse(self, route: Route, body: Any) -> Parsed[ChatContext]:
-        return parse_request(body)
+    def parse(self, route: Route, body: Any, history: History | None = None) -> Parsed[ChatContext]:
+        return parse_request(body, history)
 
     def render(self, route: Route, context: ChatContext, request: ChatRequest, result: ChatResult) -> HttpReply:
         if request.stream:

@@ -26,10 +26,10 @@ from polar.providers.fields import (
     optional,
     require,
 )
+from polar.providers.history import History, MessageReader, read_history
 from polar.providers.openai_common import (
     image_from_url,
     json_schema_format,
-    name_tool_results,
     thinking_from_effort,
     tool_choice,
 )
@@ -40,7 +40,8 @@ class ChatContext:
     include_usage: bool = False  # stream_options.include_usage: a last chunk carries the usage
 
 
-def parse_request(body: Any) -> Parsed[ChatContext]:
+def parse_request(body: Any, history: History | None = None) -> Parsed[ChatContext]:
+    """`history`: the session's earlier reads of its messages, resumed where this request repeats them."""
     body = body_object(body)
     _refuse_unsupported(body)
     raw_messages = require(body, "messages", list)
@@ -55,8 +56,7 @@ def parse_request(body: Any) -> Parsed[ChatContext]:
     schema = (
         json_schema_format(response_format, "response_format", nested="json_schema") if response_format else None
     )
-    messages = [_message(m, f"messages[{i}]") for i, m in enumerate(raw_messages)]
-    name_tool_results(messages)
+    messages = read_history(raw_messages, _Conversation(), history)
     request = ChatRequest(
         model=require(body, "model", str),
         messages=messages,
@@ -111,6 +111,17 @@ def _thinking(body: dict, template_kwargs: dict) -> Thinking:
     if enabled is not None:
         thinking.enabled = enabled
     return thinking
+
+
+class _Conversation(MessageReader):
+    """Reads `messages` one by one: each item is one complete message."""
+
+    def read(self, index: int, item: Any) -> None:
+        message = _message(item, f"messages[{index}]")
+        if message.role == "tool":
+            message.name = self.names.get(message.tool_call_id or "")
+        self.names.add(message)
+        self.messages.append(message)
 
 
 def _message(raw: Any, where: str) -> Message:

@@ -37,6 +37,7 @@ from typing import Any
 from polar.canonical import ChatRequest, ChatResult
 from polar.errors import GatewayError
 from polar.providers.base import HttpReply, Parsed, Provider, Route, bare_path
+from polar.providers.history import History
 from polar.providers.openai_common import error_body, models_reply
 from polar.providers.openai_responses.parse import ResponsesContext, parse_request
 from polar.providers.openai_responses.render import output_items, response_object
@@ -57,8 +58,8 @@ class OpenAIResponses(Provider[ResponsesContext]):
             return Route(self, "count_tokens")
         return None
 
-    def parse(self, route: Route, body: Any) -> Parsed[ResponsesContext]:
-        return parse_request(route, body, self.sealer)
+    def parse(self, route: Route, body: Any, history: History | None = None) -> Parsed[ResponsesContext]:
+        return parse_request(route, body, self.sealer, history)
 
     def render(self, route: Route, context: ResponsesContext, request: ChatRequest, result: ChatResult) -> HttpReply:
         if request.stream:

@@ -26,10 +26,10 @@ from polar.providers.fields import (
     optional,
     require,
 )
+from polar.providers.history import History, MessageReader, read_history
 from polar.providers.openai_common import (
     image_from_url,
     json_schema_format,
-    name_tool_results,
     thinking_from_effort,
     tool_choice,
 )
@@ -62,7 +62,8 @@ class ResponsesContext:
     custom_tools: frozenset[str] = frozenset()  # tools answered as custom_tool_call items
 
 
-def parse_request(route: Route, body: Any, sealer: Sealer) -> Parsed[ResponsesContext]:
+def parse_request(route: Route, body: Any, sealer: Sealer, history: History | None = None) -> Parsed[ResponsesContext]:
+    """`history`: the session's earlier reads of its input items, resumed where this request repeats them."""
     body = body_object(body)
     _refuse_server_state(body)
     counting = route.endpoint == "count_tokens"
@@ -70,12 +71,12 @@ def parse_request(route: Route, body: Any, sealer: Sealer) -> Parsed[ResponsesCo
     previous = optional(body, "previous_response_id", str)
     include = tuple(expect(x, str, f"include[{i}]") for i, x in enumerate(optional(body, "include", list, default=[])))
     tools, custom, ignored_tools = _tools(optional(body, "tools", list, default=[]))
-    history = _history(body, sealer, required=not (counting or previous))
+    messages, skipped = _history(body, sealer, history, required=not (counting or previous))
     fmt = optional(body, "text", dict, default={}).get("format")
     request = ChatRequest(
         # The count endpoint may omit the model; the gateway then uses its default.
         model=optional(body, "model", str, default="") if counting else require(body, "model", str),
-        messages=history.messages,
+        messages=messages,
         tools=tools,
         tool_choice=tool_choice(body.get("tool_choice")),
         parallel_tool_calls=optional(body, "parallel_tool_calls", bool),
@@ -91,7 +92,7 @@ def parse_request(route: Route, body: Any, sealer: Sealer) -> Parsed[ResponsesCo
         metadata=echo.get("metadata", {}),
     )
     rewrites = [f"hosted tool not offered to the model: {kind}" for kind in ignored_tools]
-    rewrites += [f"input item skipped: {kind}" for kind in history.ignored]
+    rewrites += [f"input item skipped: {kind}" for kind in skipped]
     context = ResponsesContext(echo=echo, include=include, custom_tools=frozenset(custom))
     return Parsed(request, context, rewrites)
 
@@ -161,33 +162,40 @@ def _custom_tool(raw: dict, where: str) -> Tool:
 # input items → canonical messages
 
 
-def _history(body: dict, sealer: Sealer, *, required: bool) -> _History:
-    history = _History(sealer)
+def _history(body: dict, sealer: Sealer, history: History | None, *, required: bool) -> tuple[list[Message], list[str]]:
+    """The instructions and input items as messages, and the item types skipped."""
+    messages: list[Message] = []
     instructions = optional(body, "instructions", str)
     if instructions:
-        history.add(Message(role="system", content=[TextPart(text=instructions)]))
+        messages.append(Message(role="system", content=[TextPart(text=instructions)]))
     raw_input = body.get("input")
+    items = _Items(sealer)
     if raw_input is None:
         if required:
             raise invalid("missing required field 'input'", "input")
     elif isinstance(raw_input, str):
-        history.add(Message(role="user", content=[TextPart(text=raw_input)]))
+        messages.append(Message(role="user", content=[TextPart(text=raw_input)]))
     else:
-        for i, item in enumerate(expect(raw_input, list, "input")):
-            history.item(expect(item, dict, f"input[{i}]"), f"input[{i}]")
-    name_tool_results(history.messages)
-    return history
+        messages += read_history(expect(raw_input, list, "input"), items, history)
+    return messages, items.notes
 
 
-class _History:
-    """Folds Responses input items into canonical messages, merging each assistant turn."""
+class _Items(MessageReader):
+    """Folds Responses input items into canonical messages, merging each assistant turn (settled whenever no
+    assistant turn is open for more items). Its notes are the item types skipped."""
 
     def __init__(self, sealer: Sealer) -> None:
+        super().__init__()
         self.sealer = sealer
-        self.messages: list[Message] = []
-        self.ignored: list[str] = []
         self._turn: Message | None = None  # the assistant message still open for more items
         self._call_ids: dict[str, str] = {}  # local_shell item id -> call id
+
+    def checkpoint(self) -> tuple | None:
+        return None if self._turn is not None else tuple(self._call_ids.items())
+
+    def resume(self, messages: list[Message], notes: list[str], state: tuple) -> None:
+        super().resume(messages, notes, state)
+        self._call_ids = dict(state)
 
     def add(self, message: Message) -> None:
         self.messages.append(message)
@@ -200,7 +208,9 @@ class _History:
             self._turn = self.messages[-1]
         return self._turn
 
-    def item(self, item: dict, where: str) -> None:
+    def read(self, index: int, item: Any) -> None:
+        where = f"input[{index}]"
+        item = expect(item, dict, where)
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             self._message(item, where)
@@ -210,14 +220,16 @@ class _History:
                 turn = self.assistant(fresh_if=bool(self._turn and (self._turn.content or self._turn.tool_calls)))
                 turn.reasoning.append(reasoning)
         elif kind in ("function_call", "custom_tool_call", "local_shell_call"):
-            self.assistant(fresh_if=False).tool_calls.append(self._call(kind, item, where))
+            call = self._call(kind, item, where)
+            self.assistant(fresh_if=False).tool_calls.append(call)
+            self.names[call.id] = call.name
         elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
             self.add(self._output(kind, item, where))
         elif kind == "item_reference":
             raise invalid(f"'{where}' is an item_reference, which needs stored items polar does not keep", where)
         elif isinstance(kind, str):
-            if kind not in self.ignored:
-                self.ignored.append(kind)
+            if kind not in self.notes:
+                self.notes.append(kind)
         else:
             raise invalid(f"'{where}.type' must be a string", f"{where}.type")
 
@@ -263,7 +275,8 @@ class _History:
         output = item.get("output")
         if output is None:
             raise invalid(f"missing required field '{where}.output'", f"{where}.output")
-        return Message(role="tool", tool_call_id=call_id, content=_content(output, f"{where}.output"))
+        return Message(role="tool", tool_call_id=call_id, name=self.names.get(call_id),
+                       content=_content(output, f"{where}.output"))
 
 
 def _content(content: Any, where: str) -> list[Part]:
