@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WrapValidator
 
+from polar.object_memo import ObjectMemo
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -60,6 +62,9 @@ class Reasoning(_Model):
 
 
 class Message(_Model):
+    """One message of a conversation. Once a provider has read it, a message is never modified: a session's
+    later calls share it (providers/history.py), and what is derived from it is kept per object."""
+
     role: Literal["system", "user", "assistant", "tool"]
     content: list[Part] = Field(default_factory=list)
     # assistant only
@@ -129,11 +134,16 @@ class ChatRequest(_Model):
         """The request as its capture row holds it: JSON values, fields at None left out. Messages hold
         only strings, booleans and lists, whose Python form is their JSON form, so they are dumped in
         Python mode: pydantic's JSON mode with exclude_none costs ~4x as much (1.6 vs 0.4 ms for an
-        agent's 240 messages, on every call). The rest (tools, sampling, metadata: any JSON value) goes
-        through JSON mode, as the whole request did."""
+        agent's 240 messages, on every call). Each message is dumped once (`stored_form`): the
+        history a call repeats gives back the dicts of earlier calls, which nothing modifies. The rest
+        (tools, sampling, metadata: any JSON value) goes through JSON mode, as the whole request did."""
         out = self.model_dump(mode="json", exclude_none=True, exclude={"messages"})
-        out["messages"] = self.model_dump(exclude_none=True, include={"messages"})["messages"]
+        out["messages"] = [stored_form(m) for m in self.messages]
         return out
+
+
+# A message as a capture row holds it (see ChatRequest.stored), once per message object. Read-only.
+stored_form = ObjectMemo(lambda message: message.model_dump(exclude_none=True))
 
 
 FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "content_filter"]

@@ -221,12 +221,13 @@ class MessageRefs:
 
 def encode_messages(messages: list[dict[str, Any]], last: MessageLog) -> MessageRefs:
     """References for a request's messages, and the ones to store. A turn re-sends the whole history:
-    messages equal to the session's last ones (a C-level comparison) are neither re-serialised nor hashed."""
+    messages equal to the session's last ones are neither re-serialised nor hashed (the very same dicts,
+    when the history was read through the session's memo; else a C-level comparison)."""
     refs: list[str] = []
     new: list[StoredMessage] = []
     shared = 0
     for i, message in enumerate(messages):
-        if i < len(last.items) and last.items[i][0] == message:
+        if i < len(last.items) and (last.items[i][0] is message or last.items[i][0] == message):
             refs.append(last.items[i][1])
             shared += shared == i
             continue

@@ -19,6 +19,7 @@ import json
 import orjson
 
 from polar.canonical import ChatRequest, ChatResult, Message, TextPart, ToolCall
+from polar.object_memo import ObjectMemo
 
 
 def _calls_key(calls: list[ToolCall]) -> list:
@@ -29,13 +30,17 @@ def _calls_key(calls: list[ToolCall]) -> list:
     return out
 
 
-def message_fingerprint(msg: Message) -> str:
+def _fingerprint(msg: Message) -> str:
     if msg.role == "assistant":
         key = ["assistant", msg.text().strip(), _calls_key(msg.tool_calls)]
     else:
         key = [msg.role, msg.text(), msg.tool_call_id, msg.is_error,
                [p.model_dump() for p in msg.content if p.type != "text"]]
     return _digest(key)
+
+
+# Once per message object: a session's calls share the messages their histories repeat (providers/history.py).
+message_fingerprint = ObjectMemo(_fingerprint)
 
 
 def _digest(key: list) -> str:
