@@ -31,8 +31,8 @@ CALLS: dict[str, Any] = {
     "key_hash": str,  # salted hash of the client's API key; the key itself is never stored
     "request_headers": str,  # JSON, as the JSON columns below
     "request_body": bytes,
-    "body_encoding": str,  # where and how the request body is: NULL (as is), zlib, zstd, zstd-delta (bodies.py)
-    "body_id": int,  # zstd, zstd-delta: the body's row in `bodies`
+    "body_encoding": str,  # where and how the request body is: NULL (as is), zlib, zstd, zstd-delta, zstd-splice
+    "body_id": int,  # zstd, zstd-delta, zstd-splice: the body's row in `bodies` (bodies.py)
     # JSON columns: the text, or (a BLOB) that text zstd-compressed when over 256 B (bodies.pack_json)
     "canonical": str,  # the canonical request (JSON), its messages and large parts as references into `messages`
     "rewrites": str,  # JSON list: what polar changed in the request so the template accepts it, and why
@@ -56,6 +56,9 @@ CALLS: dict[str, Any] = {
     "t_first": float,  # streamed answers: when the first piece of the answer was sent (time to first token)
     "t_end": float,
 }
+
+
+BODIES: dict[str, Any] = {"id": int, "base": int, "data": bytes, "head": int, "tail": int, "lookback": int}
 
 
 def connect(path: str | Path, synchronous: str = "FULL", busy_timeout: float = 30.0) -> sqlite3.Connection:
@@ -85,10 +88,16 @@ def ensure(conn: sqlite3.Connection) -> None:
         # them all, but each is stored once, so a session's canonical requests take O(N), not O(T·N).
         # `body` is the JSON text, or (a BLOB) that text zstd-compressed when large (bodies.pack_json).
         db["messages"].create({"hash": str, "body": str}, pk="hash")
-    if not db["bodies"].exists():
-        # Large request bodies, each zstd-compressed against its `base` body (NULL: a keyframe). Append-only,
-        # apart from calls, so deleting a call's row leaves every other body readable.
-        db["bodies"].create({"id": int, "base": int, "data": bytes}, pk="id")
+    # Large request bodies, each zstd-compressed against its `base` body (NULL: a keyframe); a splice (`head`
+    # set) stores only what lies between the bytes it shares with its base at each end. Append-only, apart
+    # from calls, so deleting a call's row leaves every other body readable.
+    bodies = db["bodies"]
+    if not bodies.exists():
+        bodies.create(BODIES, pk="id")
+    else:
+        for name, typ in BODIES.items():
+            if name not in bodies.columns_dict:
+                bodies.add_column(name, typ)
     if not db["meta"].exists():
         db["meta"].create({"key": str, "value": str}, pk="key")
     for key in ("key_salt", "seal_key"):  # secrets of this database, random per database

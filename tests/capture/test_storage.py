@@ -79,12 +79,14 @@ def _apply(body: bytes, edit: tuple) -> bytes:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(edits=st.lists(st.tuples(st.sampled_from("ab"), _edit), min_size=1, max_size=45), chain=st.sampled_from([2, 5, 32]),
-       together=st.integers(1, 6))
-def test_bodies_round_trip_byte_for_byte(tmp_path_factory, monkeypatch, edits, chain, together):
+       together=st.integers(1, 6), lookback=st.sampled_from([0, 7, 1000, bodies.LOOKBACK]))
+def test_bodies_round_trip_byte_for_byte(tmp_path_factory, monkeypatch, edits, chain, together, lookback):
     """Random edit sequences over two interleaved sessions, written one by one or several at once through
     the real writer and read through the real reader: every body reads back exactly, alone or in a whole
-    scan, and no chain of deltas is longer than CHAIN."""
+    scan, and no chain of deltas is longer than CHAIN. Splices of every shape: edits at the start, the
+    end or in between, bodies that shrink, grow or share nothing, dictionaries from none to LOOKBACK."""
     monkeypatch.setattr(bodies, "CHAIN", chain)
+    monkeypatch.setattr(bodies, "LOOKBACK", lookback)
     path = tmp_path_factory.mktemp("bodies") / "c.db"
     writer = CaptureWriter(path)
     last = {"a": b"", "b": b""}
@@ -132,7 +134,7 @@ def test_bodies_are_stored_as_deltas_of_their_session(tmp_path):
     system = random.Random(0).randbytes(60_000).hex().encode()  # compresses to about half: a large keyframe
     turns = [b"turn %d: %s" % (turn, bytes(range(32, 127)) * 20) for turn in range(20)]
     body, calls, rows = _growing_session(writer, system, turns)
-    assert rows[0][0] == "zstd" and {e for e, _ in rows[1:]} == {"zstd-delta"}
+    assert rows[0][0] == "zstd" and {e for e, _ in rows[1:]} == {"zstd-splice"}
     assert max(n for _, n in rows[1:]) < 1000 < len(body) // 100
     assert [r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)] == \
         [c.request_body for c in calls]
@@ -152,7 +154,7 @@ def test_a_keyframe_comes_once_the_deltas_since_the_last_add_up_to_it(tmp_path):
     for at, nxt in zip(keyframes, keyframes[1:]):
         assert sum(n for _, n in stored[at + 1 : nxt]) >= bodies.KEY_SHARE * stored[at][1] or nxt - at == bodies.CHAIN
         assert nxt - at <= bodies.CHAIN
-    deltas = sum(n for encoding, n in stored if encoding == "zstd-delta")
+    deltas = sum(n for encoding, n in stored if encoding == "zstd-splice")
     keyframe_bytes = sum(n for encoding, n in stored if encoding == "zstd")
     capped = sum(stored[nxt][1] for at, nxt in zip(keyframes, keyframes[1:]) if nxt - at == bodies.CHAIN)
     assert keyframe_bytes <= stored[0][1] + deltas / bodies.KEY_SHARE + stored[keyframes[-1]][1] + capped
@@ -174,7 +176,7 @@ def test_a_sessions_first_body_is_a_delta_of_another_sessions_keyframe_when_smal
     rows = conn.execute("SELECT body_encoding, base, length(data) FROM calls JOIN bodies ON body_id = bodies.id "
                         "ORDER BY calls.id").fetchall()
     assert rows[0][:2] == ("zstd", None) and rows[2][:2] == ("zstd", None)
-    assert rows[1][:2] == ("zstd-delta", conn.execute("SELECT body_id FROM calls WHERE id=?", (ids[0],)).fetchone()[0])
+    assert rows[1][:2] == ("zstd-splice", conn.execute("SELECT body_id FROM calls WHERE id=?", (ids[0],)).fetchone()[0])
     assert rows[1][2] < 100
     assert [r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)] == \
         [c.request_body for c in calls]
@@ -330,3 +332,74 @@ def test_a_database_written_before_linear_bodies_and_parts_still_reads(tmp_path)
     assert rows["c1"]["request_body"] == big and rows["c2"]["request_body"] == b"{}"
     assert rows["c1"]["canonical"] == {"model": "m", "tools": _tools(), "messages": [message]}
     assert CaptureReader(path).find_call("c1", "s")["request_body"] == big
+
+
+def test_bodies_written_as_whole_base_deltas_still_read(tmp_path):
+    """A database from before splices: a `bodies` table of (id, base, data) whose deltas are zstd against the
+    whole base body. Read-only readers rebuild them; a writer adds the splice columns, and a session's
+    chain may then go on as splices of an old delta."""
+    import zstandard
+
+    path = tmp_path / "old.db"
+    writer = CaptureWriter(path)
+    writer.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE bodies")
+    conn.execute("CREATE TABLE bodies (id INTEGER PRIMARY KEY, base INTEGER, data BLOB)")
+    first = b'{"messages": [' + random.Random(5).randbytes(3000).hex().encode()
+    second = first + b', "and a turn"'
+    delta = zstandard.ZstdCompressor(level=3, dict_data=zstandard.ZstdCompressionDict(
+        first, dict_type=zstandard.DICT_TYPE_RAWCONTENT)).compress(second)
+    conn.execute("INSERT INTO bodies VALUES (1, NULL, ?)", (zstandard.ZstdCompressor().compress(first),))
+    conn.execute("INSERT INTO bodies VALUES (2, 1, ?)", (delta,))
+    for n, (encoding, body_id) in enumerate([("zstd", 1), ("zstd-delta", 2)]):
+        conn.execute("INSERT INTO calls (call_id, session_id, status, body_encoding, body_id) VALUES (?, 's', 'ok', ?, ?)",
+                     (f"c{n}", encoding, body_id))
+    conn.commit()
+    conn.close()
+    assert [r["request_body"] for r in CaptureReader(path).calls(with_tokens=False)] == [first, second]
+    writer = CaptureWriter(path)  # adds the columns; its splice chains start afresh
+    third = second + b', "one more"]}'
+    _write(writer, [_start("c2", "s", second), _start("c3", "s", third)])
+    writer.close()
+    assert [r["request_body"] for r in CaptureReader(path).calls(with_tokens=False)] == [first, second, second, third]
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT body_encoding FROM calls WHERE call_id='c3'").fetchone() == ("zstd-splice",)
+
+
+def test_a_splice_stores_what_lies_between_the_shared_ends():
+    """Claude Code sends its system prompt and tools after the messages: a new turn lands in the middle."""
+    rng = random.Random(6)
+    history, tools = rng.randbytes(50_000).hex().encode(), rng.randbytes(40_000).hex().encode()
+    base = b'{"messages": [' + history + b'], "tools": ' + tools + b"}"
+    body = b'{"messages": [' + history + b', "a new turn"], "tools": ' + tools + b"}"
+    bases = bodies.BodyBases()
+    bases.wrote("s", 1, base, bodies.Encoded(b"k" * 1000, "zstd", None))
+    bases.commit()
+    encoded = bases.encode("s", body)
+    assert encoded.encoding == "zstd-splice" and len(encoded.data) < 64
+    shared_tail = b'], "tools": ' + tools + b"}"
+    assert (encoded.splice.head, encoded.splice.tail) == (len(base) - len(shared_tail), len(shared_tail))
+    middle = zstandard_decompress(encoded.data, encoded.splice.dictionary(base))
+    assert encoded.splice.join(base, middle) == body
+
+
+def zstandard_decompress(data: bytes, dictionary: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(
+        dictionary, dict_type=zstandard.DICT_TYPE_RAWCONTENT)).decompress(data)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(base=st.binary(max_size=40).map(lambda b: bytes(x % 3 for x in b)),
+       body=st.binary(max_size=40).map(lambda b: bytes(x % 3 for x in b)), lookback=st.integers(0, 50))
+def test_a_splice_rebuilds_any_body_from_any_base(monkeypatch, base, body, lookback):
+    """Small alphabets: bodies that repeat themselves, a body that is its base's prefix or suffix — the ends
+    never overlap, and base head + middle + base tail is the body."""
+    monkeypatch.setattr(bodies, "LOOKBACK", lookback)
+    head = bodies._shared_head(base, body)
+    splice = bodies.Splice.between(base, body, head)
+    assert splice.head + splice.tail <= min(len(base), len(body))
+    assert splice.join(base, splice.middle(body)) == body
+    assert base[: splice.head] == body[: splice.head] and splice.lookback <= min(lookback, splice.head)
