@@ -49,6 +49,7 @@ sys.path.insert(0, str(HERE))
 from bench_proxy import ANTHROPIC_HEADERS, DEFAULT_TOKENIZER, command_line, start_polar, start_upstream  # noqa: E402
 
 from polar.capture.bodies import unpack, unpack_json  # noqa: E402
+from polar.capture.dictionaries import Dictionaries  # noqa: E402
 from polar.capture.reader import CaptureReader  # noqa: E402
 from polar.capture.records import stored_message  # noqa: E402
 from polar.capture.schema import STORED_BYTES, stored_bytes  # noqa: E402
@@ -205,12 +206,19 @@ def unique_tokens(path: Path) -> int:
 def old_format(src: Path, dst: Path) -> None:
     """`src`'s rows as the earlier writer stored them: request bodies zlib-compressed whole (as they are
     when small), large canonical parts inline and every message reference listed in each row,
-    responses, results, messages and prompt ids as they are."""
+    responses, results, messages, headers and prompt ids as they are (no dictionaries)."""
     dst.unlink(missing_ok=True)
     with closing(sqlite3.connect(src)) as conn:
         conn.execute("VACUUM INTO ?", (str(dst),))
     rows = {r["id"]: r for r in CaptureReader(src).calls(with_tokens=False)}
     with closing(sqlite3.connect(dst)) as conn:
+        dictionaries = Dictionaries(conn)
+
+        def text(value: str | bytes) -> str:
+            """A JSON column's text, however it is stored."""
+            value = unpack_json(value, dictionaries)
+            return value if isinstance(value, str) else value.decode()
+
         values = {digest: text(body) for digest, body in conn.execute("SELECT hash, body FROM messages")}
         conn.executemany("UPDATE messages SET body=? WHERE hash=?", [(v, k) for k, v in values.items()])
         parts: set[str] = set()
@@ -227,21 +235,17 @@ def old_format(src: Path, dst: Path) -> None:
                     canonical[key] = json.loads(values[canonical[key]])
                 canonical = json.dumps(canonical, ensure_ascii=False)
             conn.execute("UPDATE calls SET request_body=?, body_encoding=?, body_id=NULL, canonical=?, result=?, "
-                         "response_body=?, response_encoding=NULL WHERE id=?",
+                         "response_body=?, response_encoding=NULL, request_headers=? WHERE id=?",
                          (zlib.compress(body, 1) if zipped else body, "zlib" if zipped else None, canonical,
-                          result and text(result), rows[row_id]["response_body"], row_id))
+                          result and text(result), rows[row_id]["response_body"],
+                          json.dumps(rows[row_id]["request_headers"]), row_id))
         suffixes = conn.execute("SELECT id, prompt_suffix, prompt_encoding FROM calls WHERE prompt_encoding IS NOT NULL")
         conn.executemany("UPDATE calls SET prompt_suffix=?, prompt_encoding=NULL WHERE id=?",
                          [(unpack(suffix, encoding, "a prompt suffix"), row_id) for row_id, suffix, encoding in suffixes])
         conn.executemany("DELETE FROM messages WHERE hash=?", [(h,) for h in parts])
         conn.execute("DELETE FROM bodies")
+        conn.execute("DELETE FROM dictionaries")
         conn.commit()
-
-
-def text(value: str | bytes) -> str:
-    """A JSON column's text, however it is stored."""
-    value = unpack_json(value)
-    return value if isinstance(value, str) else value.decode()
 
 
 def check_bodies(path: Path, sent: dict[str, list[str]]) -> None:

@@ -35,13 +35,14 @@ from __future__ import annotations
 import sqlite3
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import zstandard
 
+from polar.capture.dictionaries import Dictionaries, decompress
 from polar.capture.tokens import common_prefix_len
 
 SMALL = 1024  # bodies up to this many bytes are stored as they are, and never serve as a base
@@ -240,11 +241,12 @@ def _body_row(conn: sqlite3.Connection, body_id: int) -> tuple | None:
 COLUMN_SMALL = 256  # a column's bytes over this are compressed: a turn's answer (~1 KB of JSON) to ~60 %
 
 
-def pack(data: bytes) -> tuple[bytes, str | None]:
-    """Bytes stored on their own: zstd-compressed (encoding "zstd") unless COLUMN_SMALL or fewer."""
+def pack(data: bytes, squeeze: Callable[[bytes], bytes] | None = None) -> tuple[bytes, str | None]:
+    """Bytes stored on their own: zstd-compressed (encoding "zstd") unless COLUMN_SMALL or fewer.
+    `squeeze`: the compressor (a kind's, with its dictionary: dictionaries.py); plain zstd by default."""
     if len(data) <= COLUMN_SMALL:
         return data, None
-    return compress(data), "zstd"
+    return (squeeze or compress)(data), "zstd"
 
 
 def compress(data: bytes) -> bytes:
@@ -252,27 +254,28 @@ def compress(data: bytes) -> bytes:
     return zstandard.ZstdCompressor(level=LEVEL).compress(data)
 
 
-def pack_json(text: str) -> str | bytes:
+def pack_json(text: str, squeeze: Callable[[bytes], bytes] | None = None) -> str | bytes:
     """JSON text as a column holds it: the text (readable by SQLite's JSON functions), or (a BLOB) the
     text zstd-compressed when over COLUMN_SMALL bytes and smaller so."""
     raw = text.encode()
-    data, encoding = pack(raw)
+    data, encoding = pack(raw, squeeze)
     return text if encoding is None or len(data) >= len(raw) else data
 
 
-def unpack_json(value: str | bytes) -> str | bytes:
+def unpack_json(value: str | bytes, dictionaries: Dictionaries | None = None) -> str | bytes:
     """What `pack_json` stored, for json.loads (which takes the UTF-8 bytes as they are)."""
-    return value if isinstance(value, str) else unpack(value, "zstd", "a JSON column")
+    return value if isinstance(value, str) else unpack(value, "zstd", "a JSON column", dictionaries)
 
 
-def unpack(data: bytes | None, encoding: str | None, what: str) -> bytes | None:
-    """What `pack` (or the earlier writer: "zlib") stored, back."""
+def unpack(data: bytes | None, encoding: str | None, what: str, dictionaries: Dictionaries | None = None) -> bytes | None:
+    """What `pack` (or the earlier writer: "zlib") stored, back; `dictionaries`: the database's, for values
+    compressed with one."""
     if encoding is None or data is None:
         return data
     if encoding == "zlib":
         return zlib.decompress(data)
     if encoding == "zstd":
-        return zstandard.ZstdDecompressor().decompress(data)
+        return decompress(data, dictionaries)
     raise ValueError(f"{what}: unknown encoding {encoding!r}")
 
 

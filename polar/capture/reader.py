@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from polar.capture.bodies import read_body, unpack, unpack_json
+from polar.capture.dictionaries import Dictionaries
 from polar.capture.tokens import unpack_ids, unpack_logprobs
 from polar.sqlite_files import open_readonly
 
@@ -132,6 +133,13 @@ class RowCache:
     bodies: dict[int, bytes | None] = field(default_factory=dict)  # row id → request body (bounded)
     refs: OrderedDict[int, list[str]] = field(default_factory=OrderedDict)  # bounded by MEMO_REFS entries
     _refs_held: int = 0
+    _dictionaries: Dictionaries | None = None
+
+    def dictionaries(self, conn: sqlite3.Connection) -> Dictionaries:
+        """The database's zstd dictionaries (one database per cache), loaded as its values name them."""
+        if self._dictionaries is None:
+            self._dictionaries = Dictionaries(conn)
+        return self._dictionaries
 
     def message_refs(self, conn: sqlite3.Connection, row_id: int, stored: dict[str, Any]) -> list[str]:
         """Row `row_id`'s message references from its stored canonical (`message_refs`, after
@@ -141,7 +149,7 @@ class RowCache:
             parent = conn.execute("SELECT canonical FROM calls WHERE id=?", (base[0],)).fetchone()
             if parent is None or parent[0] is None or base[0] >= chain[-1][0]:
                 raise LookupError(f"capture row {base[0]} (whose messages row {row_id} continues) is missing")
-            chain.append((base[0], json.loads(unpack_json(parent[0]))))
+            chain.append((base[0], json.loads(unpack_json(parent[0], self.dictionaries(conn)))))
         for rid, canonical in reversed(chain):
             refs = canonical["message_refs"]
             if base := canonical.get("message_base"):
@@ -168,17 +176,19 @@ class RowCache:
             chunk = missing[start : start + 500]
             marks = ",".join("?" * len(chunk))
             for digest, body in conn.execute(f"SELECT hash, body FROM messages WHERE hash IN ({marks})", chunk):
-                self.values[digest] = json.loads(unpack_json(body))
+                self.values[digest] = json.loads(unpack_json(body, self.dictionaries(conn)))
 
 
 def decode_row(conn: sqlite3.Connection, row: sqlite3.Row, cache: RowCache) -> dict[str, Any]:
     """A stored row as the caller sees it: JSON decoded, body rebuilt, messages and parts resolved."""
     out = dict(row)
+    dictionaries = cache.dictionaries(conn)
     for key in ("request_headers", "canonical", "result", "rewrites"):
         if out.get(key):
-            out[key] = json.loads(unpack_json(out[key]))  # large canonical and result are compressed
+            out[key] = json.loads(unpack_json(out[key], dictionaries))  # large canonical and result are compressed
     out["request_body"] = read_body(conn, out, cache.bodies)
-    out["response_body"] = unpack(out.get("response_body"), out.get("response_encoding"), f"capture row {out['id']}")
+    out["response_body"] = unpack(out.get("response_body"), out.get("response_encoding"), f"capture row {out['id']}",
+                                  dictionaries)
     canonical = out.get("canonical")
     if isinstance(canonical, dict) and "message_refs" in canonical:
         refs = cache.message_refs(conn, out["id"], canonical)

@@ -14,10 +14,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from polar.capture.bodies import compress, pack, pack_json
+from polar.capture.dictionaries import Plain
 from polar.capture.tokens import as_ids, pack_logprobs
 
 # Bodies above this are stored truncated (the call is still recorded, with its error).
 STORED_BODY_LIMIT = 8 * 1024 * 1024
+_PLAIN = Plain()  # small values without dictionaries, where no writer's `Packer` is given
 
 
 @dataclass
@@ -33,11 +35,12 @@ class CallStart:
     request_body: bytes
     t_start: float
 
-    def row(self) -> dict[str, Any]:
+    def row(self, packer: Plain = _PLAIN) -> dict[str, Any]:
         """The row without its body: the writer stores that against the session's earlier ones (bodies.py)."""
         row = asdict(self)
         del row["request_body"]
-        row["request_headers"] = pack_json(json.dumps(self.request_headers))  # a harness sends ~0.7 KB a call
+        # A harness sends ~0.7 KB of headers a call, the same every call: its dictionary's kind of value.
+        row["request_headers"] = pack_json(json.dumps(self.request_headers), packer.of("headers"))
         return row
 
     def stored_body(self) -> bytes:
@@ -86,9 +89,9 @@ class StoredMessage:
     digest: str
     body: str  # canonical JSON
 
-    def stored(self) -> str | bytes:
+    def stored(self, packer: Plain = _PLAIN) -> str | bytes:
         """As the `messages` table holds it: the text, or a large one zstd-compressed (a BLOB)."""
-        return pack_json(self.body)
+        return pack_json(self.body, packer.of("message"))
 
 
 # Top-level parts of the canonical request at least this large (as JSON) are stored once in the
@@ -119,7 +122,7 @@ class CallEnd:
     messages: MessageRefs | None = None
     tokens: TokenRecord | None = None
 
-    def encode(self) -> tuple[dict[str, Any], list[StoredMessage]]:
+    def encode(self, packer: Plain = _PLAIN) -> tuple[dict[str, Any], list[StoredMessage]]:
         """The row's columns, and the content-addressed values (messages, large parts) it references."""
         row: dict[str, Any] = {
             "status": self.status, "http_status": self.http_status, "response_body": self.response_body,
@@ -129,15 +132,15 @@ class CallEnd:
             "prompt_mode": self.prompt_mode, "t_upstream": self.t_upstream, "t_first": self.t_first,
             "rewrites": pack_json(json.dumps(self.rewrites)) if self.rewrites else None,
         }  # fmt: skip
-        row["response_body"], row["response_encoding"] = pack(self.response_body)
+        row["response_body"], row["response_encoding"] = pack(self.response_body, packer.of("response"))
         values: list[StoredMessage] = []
         if self.canonical is not None:
             refs = self.messages or encode_messages(self.canonical["messages"], MessageLog())
             rest, parts = encode_parts({k: v for k, v in self.canonical.items() if k != "messages"})
             values += refs.new + parts
-            row["canonical"] = pack_json(json.dumps({**rest, **refs.stored()}, ensure_ascii=False))
+            row["canonical"] = pack_json(json.dumps({**rest, **refs.stored()}, ensure_ascii=False), packer.of("canonical"))
         if self.result is not None:
-            row["result"] = pack_json(self.result)
+            row["result"] = pack_json(self.result, packer.of("result"))
         if self.tokens is not None:
             row.update(self.tokens.columns())
         return row, values

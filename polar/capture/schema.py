@@ -98,6 +98,10 @@ def ensure(conn: sqlite3.Connection) -> None:
         for name, typ in BODIES.items():
             if name not in bodies.columns_dict:
                 bodies.add_column(name, typ)
+    if not db["dictionaries"].exists():
+        # zstd dictionaries trained on this database's own small values (dictionaries.py); each value names
+        # the one it was compressed with in its zstd frame. Never changed or deleted once stored.
+        db["dictionaries"].create({"id": int, "kind": str, "data": bytes, "t_created": float}, pk="id")
     if not db["meta"].exists():
         db["meta"].create({"key": str, "value": str}, pk="key")
     for key in ("key_salt", "seal_key"):  # secrets of this database, random per database
@@ -137,12 +141,21 @@ STORED_BYTES = {
     "token columns": "SELECT coalesce(sum(length(prompt_suffix) + length(completion_ids)"
                      " + coalesce(length(completion_logprobs), 0)), 0) FROM calls",
     "messages table": "SELECT coalesce(sum(length(body)), 0) FROM messages",
+    "request headers": "SELECT coalesce(sum(length(request_headers)), 0) FROM calls",
+    "dictionaries": "SELECT coalesce(sum(length(data)), 0) FROM dictionaries",
 }
 
 
 def stored_bytes(conn: sqlite3.Connection) -> dict[str, int]:
-    """Bytes stored of each kind in STORED_BYTES (row and page overhead not included)."""
-    return {kind: conn.execute(sql).fetchone()[0] for kind, sql in STORED_BYTES.items()}
+    """Bytes stored of each kind in STORED_BYTES (row and page overhead not included; a kind whose table an
+    older database has not: 0)."""
+    out = {}
+    for kind, sql in STORED_BYTES.items():
+        try:
+            out[kind] = conn.execute(sql).fetchone()[0]
+        except sqlite3.OperationalError:  # no such table
+            out[kind] = 0
+    return out
 
 
 def secret(conn: sqlite3.Connection, key: str) -> bytes:

@@ -36,6 +36,7 @@ from typing import Any
 
 from polar.capture import schema
 from polar.capture.bodies import BodyBases, write_body
+from polar.capture.dictionaries import Packer
 from polar.capture.records import CallEnd, CallStart
 from polar.capture.shards import first_row_id
 
@@ -65,6 +66,7 @@ class CaptureWriter:
         self.token, self._lease = _take_lease(self.path)
         self.interrupted = self._reap_dead_writers()
         self._bodies = BodyBases()  # bodies this writer committed, to encode the next ones against
+        self._packer = Packer(self._conn)  # small values compressed with dictionaries trained on them
         self._id_floor = first_row_id(self.path) or None  # a shard's ids start in its own range (shards.py)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = threading.Thread(
@@ -194,16 +196,19 @@ class CaptureWriter:
                 conn.execute("ROLLBACK")
             return None
         self._bodies.commit()  # only now may later rows use this transaction's bodies as bases
+        if self._packer.waiting:  # a dictionary trained in this transaction: stored in one of its own
+            self._packer.store(conn)
         return outcomes
 
     def _apply(self, op: tuple) -> int:
         if op[0] == "start":
             return self._insert_call(op[1], {})
         _, row_id, call, end = op
-        fields, values = end.encode()
+        fields, values = end.encode(self._packer)
         for value in values:  # the tools come with every call: compressed only the first time
             if self._conn.execute("SELECT 1 FROM messages WHERE hash=?", (value.digest,)).fetchone() is None:
-                self._conn.execute("INSERT INTO messages (hash, body) VALUES (?, ?)", (value.digest, value.stored()))
+                self._conn.execute("INSERT INTO messages (hash, body) VALUES (?, ?)", (value.digest,
+                                                                                        value.stored(self._packer)))
         if row_id is not None:
             cur = self._conn.execute(
                 f"UPDATE calls SET {', '.join(f'{k}=?' for k in fields)} WHERE id=?", [*fields.values(), row_id]
@@ -218,7 +223,7 @@ class CaptureWriter:
         columns = write_body(self._conn, encoded)
         if columns["body_id"] is not None:
             self._bodies.wrote(call.session_id, columns["body_id"], body, encoded)
-        return self._insert({**call.row(), **columns, **fields, "writer": self.token})
+        return self._insert({**call.row(self._packer), **columns, **fields, "writer": self.token})
 
     def _insert(self, row: dict[str, Any]) -> int:
         unknown = set(row) - set(schema.CALLS)

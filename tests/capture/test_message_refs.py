@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from polar.capture import reader as reader_module
 from polar.capture import records
 from polar.capture.bodies import unpack_json
+from polar.capture.dictionaries import Dictionaries
 from polar.capture.reader import CaptureReader
 from polar.capture.records import REFS_CHAIN, CallEnd, CallStart, MessageLog, encode_messages
 from polar.capture.writer import CaptureWriter
@@ -91,7 +92,7 @@ def test_message_lists_round_trip(tmp_path_factory, monkeypatch, ops, chain, mem
     for call_id, (session, sent_messages) in reversed(sent.items()):  # alone, the newest first: nothing memoised
         assert reader.find_call(call_id, session)["canonical"]["messages"] == sent_messages
     with sqlite3.connect(path) as conn:
-        stored = {rid: json.loads(unpack_json(c)) for rid, c in conn.execute("SELECT id, canonical FROM calls")}
+        stored = {rid: json.loads(unpack_json(c, Dictionaries(conn))) for rid, c in conn.execute("SELECT id, canonical FROM calls")}
     for row_id in stored:
         depth, cur = 0, row_id
         while base := stored[cur].get("message_base"):
@@ -111,7 +112,7 @@ def test_a_growing_session_stores_each_reference_about_once(tmp_path):
         last = _write(writer, "s", f"c{turn}", messages, last)
     writer.close()
     with sqlite3.connect(tmp_path / "c.db") as conn:
-        lists = [json.loads(unpack_json(c)) for (c,) in conn.execute("SELECT canonical FROM calls ORDER BY id")]
+        lists = [json.loads(unpack_json(c, Dictionaries(conn))) for (c,) in conn.execute("SELECT canonical FROM calls ORDER BY id")]
     whole = [i for i, c in enumerate(lists) if "message_base" not in c]
     assert len(whole) <= 2 + 500 // REFS_CHAIN + 9  # log2(1000) doublings, and the depth bound
     assert all(len(lists[i]["message_refs"]) == 2 for i in range(500) if i not in whole)

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polar.capture import bodies
+from polar.capture.dictionaries import Dictionaries
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, MessageLog, encode_messages
 from polar.capture.writer import CaptureError, CaptureWriter
@@ -301,7 +302,7 @@ def test_large_canonical_parts_are_stored_once_and_read_back_unchanged(tmp_path)
     assert all(list(rows[k]) == [*(key for key in sent[k] if key != "messages"), "messages"] for k in rows)
     assert all(list(t) == ["name", "description", "parameters"] for r in rows.values() for t in r["tools"])
     conn = sqlite3.connect(tmp_path / "c.db")
-    stored = [json.loads(bodies.unpack_json(c)) for (c,) in conn.execute("SELECT canonical FROM calls")]
+    stored = [json.loads(bodies.unpack_json(c, Dictionaries(conn))) for (c,) in conn.execute("SELECT canonical FROM calls")]
     assert all(c["part_refs"] == ["tools"] for c in stored) and len({c["tools"] for c in stored}) == 1
     (tools,) = conn.execute("SELECT body FROM messages WHERE hash=?", (stored[0]["tools"],)).fetchone()
     assert len(tools) < len(json.dumps(_tools())) / 3  # stored once, compressed
