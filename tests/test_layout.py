@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 POLAR = Path(__file__).resolve().parents[1] / "polar"
-ROOT_MODULES = {"__init__.py", "canonical.py", "errors.py", "object_memo.py", "sqlite_files.py"}  # the shared model and helpers
+ROOT_MODULES = {"__init__.py", "canonical.py", "errors.py", "json_values.py", "object_memo.py", "sqlite_files.py"}  # the shared model and helpers
 MAX_LINES = 500
 
 

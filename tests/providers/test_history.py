@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from polar.errors import GatewayError
 from polar.harnesses import CLIS
+from polar.json_values import exact
 from polar.providers.history import Histories, History, common_prefix
 from tests.conftest import REPO
 from tests.providers.support import PROVIDERS, SEALER
@@ -46,6 +47,8 @@ EXTRA: dict[str, list] = {
         {"role": "user", "content": [{"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
                                                                     "data": "JVBERi0="}}]},
         {"role": "user", "content": "plain text turn"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_n", "name": "Read",
+                                           "input": {"offset": 1, "limit": 2000, "all": True, "x": 0.0}}]},
     ],
     "openai_chat": [
         {"role": "assistant", "content": None, "reasoning_content": "thinking",
@@ -57,6 +60,8 @@ EXTRA: dict[str, list] = {
         {"role": "tool", "tool_call_id": "call_b", "content": "out b"},
         {"role": "user", "content": "next"},
         {"role": "developer", "content": "be brief"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_n", "type": "function", "function": {"name": "run", "arguments": {"n": 1, "ok": True}}}]},
     ],
     "openai_responses": [
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "plan"}]},
@@ -80,6 +85,7 @@ EXTRA: dict[str, list] = {
         {"role": "user", "parts": [{"text": "more"}, {"functionResponse": {"name": "read_file",
                                                                             "response": {"error": "gone"}}}]},
         {"role": "model", "parts": [{"text": "Done."}]},
+        {"role": "model", "parts": [{"functionCall": {"name": "read_file", "args": {"offset": 1, "all": True}}}]},
     ],
 }
 # What a client must fix, per format: the error must be the same through the memo, and the memo still whole after.
@@ -141,10 +147,17 @@ def edit(items: list, op: tuple, pool: list, other: list, broken: dict) -> list:
     return items
 
 
+# Values Python takes as equal that JSON writes (and templates render) differently.
+_RETYPED = {1: 1.0, True: 1, 0: False, 0.0: -0.0}
+
+
 def _changed(value, seed: int):
-    """`value` with one string in it changed (the first one met, walking by `seed`), or a key added."""
+    """`value` with one string in it changed (the first one met, walking by `seed`), or a key added, or a
+    number or boolean retyped: equal in Python, not in JSON."""
     if isinstance(value, str):
         return value + f" (edited {seed})"
+    if isinstance(value, (bool, int, float)):
+        return _RETYPED.get(value, value)
     if isinstance(value, dict) and value:
         keys = sorted(value)
         key = keys[seed % len(keys)]
@@ -233,8 +246,31 @@ def test_histories_drop_the_least_recently_used_past_their_bytes():
     assert [k for k in histories._all] == [("c", "anthropic"), ("a", "anthropic"), ("d", "anthropic")]
 
 
-def test_common_prefix_stops_at_the_first_difference():
+def test_common_prefix_stops_at_the_first_difference_as_json():
     a = [{"x": [1, {"y": "z"}]}, {"x": 2}, {"x": 3}]
-    assert common_prefix(a, copy.deepcopy(a)) == 3
-    assert common_prefix(a, [*copy.deepcopy(a[:2]), {"x": 4}]) == 2
-    assert common_prefix(a, a[:1]) == 1 and common_prefix([], a) == 0
+
+    def prefix(items, earlier):
+        return common_prefix(items, earlier, [exact(i) for i in earlier])
+
+    assert prefix(a, copy.deepcopy(a)) == 3
+    assert prefix(a, [*copy.deepcopy(a[:2]), {"x": 4}]) == 2
+    assert prefix(a, a[:1]) == 1 and prefix([], a) == 0
+    for earlier, retyped in (({"x": 1}, {"x": 1.0}), ({"x": 1}, {"x": True}), ({"x": 0}, {"x": False}),
+                             ({"x": 0.0}, {"x": -0.0})):
+        assert retyped == earlier and prefix([a[0], retyped], [a[0], earlier]) == 1  # == in Python, not in JSON
+    assert prefix([{"x": float("nan")}], [{"x": None}]) == 0  # orjson writes both as null
+    assert prefix([{"x": 2**70}], [{"x": 2**70}]) == 0  # past 64 bits orjson writes nothing: never reused
+
+
+def test_a_retyped_number_is_read_afresh():
+    """{"n": 1} then {"n": 1.0} then {"n": true}: Python's == takes them as equal; the tool call's arguments
+    (as the template renders them) differ, so the memo must not reuse the first read."""
+    route, first, _ = fixture("claude_code")
+    history = Histories().get("s", "anthropic", 1)
+    for n in (1, 1.0, True, 1):
+        call = {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Read", "input": {"n": n}}]}
+        body = with_items(first, [*items_of(first), call])
+        tools = copy.deepcopy(body["tools"])
+        tools[0]["input_schema"]["minimum"] = n
+        body["tools"] = tools
+        assert outcome(route, body, history)[0] == outcome(route, copy.deepcopy(body), None)[0]
