@@ -134,16 +134,19 @@ class ChatRequest(_Model):
         """The request as its capture row holds it: JSON values, fields at None left out. Messages hold
         only strings, booleans and lists, whose Python form is their JSON form, so they are dumped in
         Python mode: pydantic's JSON mode with exclude_none costs ~4x as much (1.6 vs 0.4 ms for an
-        agent's 240 messages, on every call). Each message is dumped once (`stored_form`): the
-        history a call repeats gives back the dicts of earlier calls, which nothing modifies. The rest
-        (tools, sampling, metadata: any JSON value) goes through JSON mode, as the whole request did."""
-        out = self.model_dump(mode="json", exclude_none=True, exclude={"messages"})
+        agent's 240 messages, on every call). Each message and tool is dumped once (`stored_form`,
+        `stored_tool`): the history and tools a call repeats give back the dicts of earlier calls, which
+        nothing modifies. The rest (sampling, metadata: any JSON value) goes through JSON mode."""
+        rest = self.model_dump(mode="json", exclude_none=True, exclude={"messages", "tools"})
+        out = {name: [stored_tool(t) for t in self.tools] if name == "tools" else rest[name]
+               for name in type(self).model_fields if name in rest or name == "tools"}
         out["messages"] = [stored_form(m) for m in self.messages]
         return out
 
 
-# A message as a capture row holds it (see ChatRequest.stored), once per message object. Read-only.
+# A message, and a tool, as a capture row holds it (see ChatRequest.stored), once per object. Read-only.
 stored_form = ObjectMemo(lambda message: message.model_dump(exclude_none=True))
+stored_tool = ObjectMemo(lambda tool: tool.model_dump(mode="json", exclude_none=True))
 
 
 FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "content_filter"]

@@ -16,6 +16,7 @@ from typing import Any
 from polar.capture.bodies import compress, pack, pack_json
 from polar.capture.dictionaries import Plain
 from polar.capture.tokens import as_ids, pack_logprobs
+from polar.json_values import exact, same
 
 # Bodies above this are stored truncated (the call is still recorded, with its error).
 STORED_BODY_LIMIT = 8 * 1024 * 1024
@@ -152,14 +153,29 @@ def encode_parts(canonical: dict[str, Any]) -> tuple[dict[str, Any], list[Stored
     out, keys, parts = dict(canonical), [], []
     for key, value in canonical.items():
         if isinstance(value, (dict, list)) and value:
-            body = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-            if len(body) >= PART_MIN_CHARS:
-                parts.append(_addressed(body))
-                out[key] = parts[-1].digest
+            stored = _part(key, value)
+            if stored is not None:
+                parts.append(stored)
+                out[key] = stored.digest
                 keys.append(key)
     if keys:
         out["part_refs"] = keys
     return out, parts
+
+
+# The last value of each part name and what it was stored as: a harness sends the same tools on every call
+# (tens of KB to serialise and hash); the same JSON again (json_values.same) is not redone.
+_last_parts: dict[str, tuple[Any, bytes | None, StoredMessage | None]] = {}
+
+
+def _part(key: str, value: Any) -> StoredMessage | None:
+    last = _last_parts.get(key)
+    if last is not None and same(value, last[0], last[1]):
+        return last[2]
+    body = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    stored = _addressed(body) if len(body) >= PART_MIN_CHARS else None
+    _last_parts[key] = (value, exact(value), stored)
+    return stored
 
 
 def stored_message(message: dict[str, Any]) -> StoredMessage:

@@ -54,9 +54,13 @@ def _digest(key: list) -> str:
     return hashlib.blake2b(text, digest_size=16).hexdigest()
 
 
+# Each tool's once per tool object: a session's calls share the tools they repeat (providers/history.py).
+_tool_digest = ObjectMemo(lambda tool: _digest(tool.model_dump()))
+
+
 def request_context_key(request: ChatRequest) -> str:
     """What must not change between turns for a prefix to be reusable: tools and thinking mode."""
-    return _digest([[t.model_dump() for t in request.tools], request.thinking.enabled])
+    return _digest([[_tool_digest(t) for t in request.tools], request.thinking.enabled])
 
 
 def answer_message(result: ChatResult) -> Message:

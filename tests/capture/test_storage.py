@@ -404,3 +404,17 @@ def test_a_splice_rebuilds_any_body_from_any_base(monkeypatch, base, body, lookb
     assert splice.head + splice.tail <= min(len(base), len(body))
     assert splice.join(base, splice.middle(body)) == body
     assert base[: splice.head] == body[: splice.head] and splice.lookback <= min(lookback, splice.head)
+
+
+def test_a_part_is_stored_anew_when_its_json_differs_where_python_sees_it_equal():
+    """The tools come with every call and their last encoding is reused - only for the same JSON: a schema's
+    1 then 1.0 then true are equal in Python, and each must be stored as the client wrote it."""
+    from polar.capture.records import encode_parts
+
+    seen = []
+    for minimum in (1, 1, 1.0, True, 1):
+        tools = [{"name": "t", "description": "d" * 300, "parameters": {"type": "object", "minimum": minimum}}]
+        _, (part,) = encode_parts({"tools": tools})
+        assert json.loads(part.body) == tools and json.dumps(json.loads(part.body)) == json.dumps(tools)
+        seen.append(part.digest)
+    assert seen[0] == seen[1] == seen[4] and len(set(seen)) == 3

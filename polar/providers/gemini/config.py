@@ -21,7 +21,7 @@ from polar.providers.fields import proto_names as k
 _INT64_SCHEMA_KEYS = {"minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties"}
 
 
-def tools(payload: dict, where: str) -> tuple[list[Tool], list[str]]:
+def tools(payload: dict, where: str) -> tuple[tuple[Tool, ...], tuple[str, ...]]:
     """Function declarations for the model, and the built-in tools left out (googleSearch,
     codeExecution, urlContext, ... have no local meaning)."""
     out: list[Tool] = []
@@ -33,7 +33,7 @@ def tools(payload: dict, where: str) -> tuple[list[Tool], list[str]]:
         for j, decl in enumerate(optional(tool, k("functionDeclarations"), list, tw + ".") or []):
             dw = f"{tw}.functionDeclarations[{j}]"
             out.append(_declaration(expect(decl, dict, dw), dw + "."))
-    return out, builtin
+    return tuple(out), tuple(builtin)
 
 
 def _declaration(decl: dict, where: str) -> Tool:

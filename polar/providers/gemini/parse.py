@@ -28,7 +28,7 @@ from polar.providers.gemini.config import (
     tool_choice,
     tools,
 )
-from polar.providers.history import History, read_history
+from polar.providers.history import History, read_history, read_part
 from polar.providers.reasoning_seal import Sealer
 
 
@@ -64,7 +64,7 @@ def parse_request(route: Route, body: Any, sealer: Sealer, history: History | No
     gen = optional(payload, k("generationConfig"), dict, where) or {}
     gen_where = f"{where}generationConfig."
     wanted, include_thoughts = thinking(gen, gen_where)
-    offered, builtin = tools(payload, where)
+    offered, builtin = read_part(history, "tools", payload.get("tools"), lambda: tools(payload, where))
     request = ChatRequest(
         model=model_name(model),
         messages=_system(payload, where) + read_history(contents, _Conversation(where, sealer), history),

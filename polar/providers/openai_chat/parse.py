@@ -26,7 +26,7 @@ from polar.providers.fields import (
     optional,
     require,
 )
-from polar.providers.history import History, MessageReader, read_history
+from polar.providers.history import History, MessageReader, read_history, read_part
 from polar.providers.openai_common import (
     image_from_url,
     json_schema_format,
@@ -60,7 +60,8 @@ def parse_request(body: Any, history: History | None = None) -> Parsed[ChatConte
     request = ChatRequest(
         model=require(body, "model", str),
         messages=messages,
-        tools=[_tool(t, f"tools[{i}]") for i, t in enumerate(optional(body, "tools", list, default=[]))],
+        tools=read_part(history, "tools", raw_tools := optional(body, "tools", list, default=[]),
+                        lambda: tuple(_tool(t, f"tools[{i}]") for i, t in enumerate(raw_tools))),
         tool_choice=tool_choice(body.get("tool_choice")),
         parallel_tool_calls=optional(body, "parallel_tool_calls", bool),
         sampling=_sampling(body),

@@ -26,7 +26,7 @@ from polar.providers.fields import (
     optional,
     require,
 )
-from polar.providers.history import History, MessageReader, read_history
+from polar.providers.history import History, MessageReader, read_history, read_part
 from polar.providers.openai_common import (
     image_from_url,
     json_schema_format,
@@ -70,7 +70,8 @@ def parse_request(route: Route, body: Any, sealer: Sealer, history: History | No
     echo = {key: optional(body, key, typ) for key, typ in _ECHOED.items() if body.get(key) is not None}
     previous = optional(body, "previous_response_id", str)
     include = tuple(expect(x, str, f"include[{i}]") for i, x in enumerate(optional(body, "include", list, default=[])))
-    tools, custom, ignored_tools = _tools(optional(body, "tools", list, default=[]))
+    raw_tools = optional(body, "tools", list, default=[])
+    tools, custom, ignored_tools = read_part(history, "tools", raw_tools, lambda: _tools(raw_tools))
     messages, skipped = _history(body, sealer, history, required=not (counting or previous))
     fmt = optional(body, "text", dict, default={}).get("format")
     request = ChatRequest(
@@ -114,7 +115,7 @@ def _thinking(reasoning: dict) -> Thinking:
     return Thinking() if effort is None else thinking_from_effort(effort, "reasoning.effort")
 
 
-def _tools(raw_tools: list) -> tuple[list[Tool], list[str], list[str]]:
+def _tools(raw_tools: list) -> tuple[tuple[Tool, ...], tuple[str, ...], tuple[str, ...]]:
     """Function and custom tools for the model; names of the custom ones; types left out."""
     tools: list[Tool] = []
     custom: list[str] = []
@@ -130,7 +131,7 @@ def _tools(raw_tools: list) -> tuple[list[Tool], list[str], list[str]]:
             custom.append(tools[-1].name)
         elif kind not in ignored:
             ignored.append(kind)
-    return tools, custom, ignored
+    return tuple(tools), tuple(custom), tuple(ignored)
 
 
 def _function_tool(raw: dict, where: str) -> Tool:
