@@ -32,6 +32,12 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # \ud800-\udfff: paired (a
 
 def decode_json(body: bytes, content_type: str | None, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
     """The decoded body; a GatewayError for anything a client must fix."""
+    return decode(body, content_type, max_bytes, max_depth)[0]
+
+
+def decode(body: bytes, content_type: str | None, max_bytes: int, max_depth: int = MAX_DEPTH) -> tuple[Any, bool]:
+    """The decoded body, and whether orjson decoded it: then every value in it is one orjson writes back as
+    JSON with the same meaning (no NaN or infinity, no integer past 64 bits), which json_values relies on."""
     if len(body) > max_bytes:
         raise GatewayError("too_large", f"request body is {len(body)} bytes; polar accepts at most {max_bytes}")
     check_content_type(content_type)
@@ -40,13 +46,13 @@ def decode_json(body: bytes, content_type: str | None, max_bytes: int, max_depth
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError:  # not strict UTF-8 JSON: `json` takes it or says why not
-        return _decode_as_json(body, max_depth)
+        return _decode_as_json(body, max_depth), False
     deep, inexact = _walk(value, max_depth)
     if inexact:
-        return _decode_as_json(body, max_depth)
+        return _decode_as_json(body, max_depth), False
     if deep:
         raise _too_deep(max_depth)
-    return value
+    return value, True
 
 
 def _decode_as_json(body: bytes, max_depth: int) -> Any:

@@ -33,7 +33,7 @@ from polar.capture.records import CallEnd, CallStart, MessageLog, TokenRecord, e
 from polar.capture.tokens import as_ids
 from polar.capture.writer import CaptureError, CaptureWriter
 from polar.errors import GatewayError
-from polar.gateway.body import decode_json
+from polar.gateway.body import decode
 from polar.gateway.gate import SamplingGate
 from polar.gateway.methods import allowed, headers_only, method_reply
 from polar.gateway.streaming import StreamingCall, StreamReply
@@ -253,8 +253,10 @@ class Gateway:
         self.states.record(session, turn, messages)
 
     def _parse(self, req: GatewayRequest, route: Route, session: str) -> Parsed:
-        body = decode_json(req.body, req.headers.get("content-type"), self.max_body_bytes)
-        return route.provider.parse(route, body, self.histories.get(session, route.provider.name, len(req.body)))
+        body, exact = decode(req.body, req.headers.get("content-type"), self.max_body_bytes)
+        # The session's history compares items by their JSON text: only a body orjson decoded has one each.
+        history = self.histories.get(session, route.provider.name, len(req.body)) if exact else None
+        return route.provider.parse(route, body, history)
 
     async def _continue_from(self, request: ChatRequest, session: str) -> ChatRequest:
         """Responses `previous_response_id`: prepend that call's conversation and answer (same session only)."""

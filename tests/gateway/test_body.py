@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polar.errors import GatewayError
-from polar.gateway.body import decode_json, nests_deeper
+from polar.gateway.body import decode, decode_json, nests_deeper
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(alphabet="[]{}\"\\ab"),
                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
@@ -86,3 +86,11 @@ def test_a_lone_surrogate_is_refused_either_way():
     with pytest.raises(GatewayError, match="unpaired UTF-16 surrogate"):
         decode_json(b'{"a": "\\ud800"}', None, 1 << 20)
     assert decode_json(b'{"a": "\\ud83d\\ude00"}', None, 1 << 20) == {"a": "\U0001f600"}
+
+
+@pytest.mark.parametrize("body", [b'{"t": NaN}', b'{"t": [Infinity]}', b'{"n": 18446744073709551616}', b'\xef\xbb\xbf{}'])
+def test_only_what_orjson_decoded_is_exact(body):
+    """The session history compares items by the JSON text orjson writes (providers/history.py): NaN and
+    infinity would write as null, and big integers not at all, so such bodies are not exact."""
+    assert decode(body, None, 1 << 20)[1] is False
+    assert decode(b'{"t": [1, 1.5, true, null, "x"]}', None, 1 << 20) == ({"t": [1, 1.5, True, None, "x"]}, True)
