@@ -19,14 +19,20 @@ from polar.errors import GatewayError
 _CONTEXT_MARKERS = ("maximum context length", "context length", "too long", "max_model_len", "maximum model length")
 
 
-def request_json(body: Any) -> str:
+def request_json(body: Any) -> bytes:
     """A request body as compact JSON. A token-in prompt is the whole context as ids, re-sent every turn
-    (100k+ numbers at agent size): orjson writes them ~10x faster than json, numpy arrays included.
-    Integers beyond 64 bits (a client's seed) fall back to json."""
+    (100k+ numbers at agent size): orjson writes them ~10x faster than json, numpy arrays included, and
+    as bytes, which go out as they are (aiohttp's `json=` would encode a str again). Integers beyond 64
+    bits (a client's seed) fall back to json."""
     try:
-        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     except orjson.JSONEncodeError:
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _json(body: Any) -> dict[str, Any]:
+    """aiohttp's request arguments for a JSON body (none for no body)."""
+    return {} if body is None else {"data": request_json(body), "headers": {"content-type": "application/json"}}
 
 
 class UpstreamHTTP:
@@ -48,7 +54,6 @@ class UpstreamHTTP:
                 # Below uvicorn's (and so vLLM's) 5 s keep-alive: never reuse a socket the server
                 # is about to close.
                 connector=aiohttp.TCPConnector(limit=self._max_connections, ttl_dns_cache=300, keepalive_timeout=3),
-                json_serialize=request_json,
             )
         return self._session
 
@@ -59,7 +64,7 @@ class UpstreamHTTP:
     async def status(self, method: str, path: str, body: Any = None) -> int | None:
         """Just the status code of a call (None when unreachable) — for probing endpoints."""
         try:
-            async with self._client().request(method, self.base_url + path, json=body) as resp:
+            async with self._client().request(method, self.base_url + path, **_json(body)) as resp:
                 await resp.read()
                 return resp.status
         except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -98,9 +103,9 @@ class UpstreamHTTP:
         url = self.base_url + path
         try:
             try:
-                resp = await self._client().post(url, json=body, timeout=self._stream_timeout)
+                resp = await self._client().post(url, timeout=self._stream_timeout, **_json(body))
             except aiohttp.ServerDisconnectedError:  # a pooled socket closed as we wrote: nothing was sampled
-                resp = await self._client().post(url, json=body, timeout=self._stream_timeout)
+                resp = await self._client().post(url, timeout=self._stream_timeout, **_json(body))
             if resp.status < 400:
                 return resp
             raw = await resp.read()
@@ -118,7 +123,7 @@ class UpstreamHTTP:
         raise status_error(resp.status, data, url)
 
     async def _send(self, method: str, url: str, body: Any) -> tuple[int, bytes]:
-        async with self._client().request(method, url, json=body) as resp:
+        async with self._client().request(method, url, **_json(body)) as resp:
             return resp.status, await resp.read()
 
 
