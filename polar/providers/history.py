@@ -4,11 +4,14 @@ An agent re-sends its whole conversation on every call — at turn 120 of a Clau
 messages — so reading every history item into canonical messages on every call made the parse grow with
 the turn. Each provider reads its history items (Anthropic and Chat `messages`, Responses `input`,
 Gemini `contents`) in order with a `HistoryReader` whose messages for the first n items depend on those
-n items only. A `History` keeps a session's last reads: the raw items, the messages read from them, and
-checkpoints — after item i, how many messages were complete (no later item adds to them), how many
-notes had been taken, and the reader's other state. The next call compares its items with a kept read's
-(C-level equality of the decoded JSON, which stops at the first difference), resumes the reader at the
-last checkpoint within the common prefix and reads only the items after it.
+n items only. A `History` keeps a session's last reads: each item's JSON text, the messages read from the
+items, and checkpoints — after item i, how many messages were complete (no later item adds to them), how
+many notes had been taken, and the reader's other state. The next call compares its items with a kept
+read's by their JSON text (json_values.exact: Python's `==` takes 1, 1.0 and true as one, a template
+renders each as written), resumes the reader at the last checkpoint within the common prefix and reads
+only the items after it. Texts compare only for bodies orjson decoded (gateway/body.decode: no NaN, which
+orjson writes as null); the gateway reads other bodies whole. A read keeps texts, not decoded items: about
+its body's size in memory. Request parts such as the tools are reused the same way (`History.part`).
 
 Reading with a `History` gives what reading without one gives, message for message and note for note
 (tests/providers/test_history.py replays random edits of the six CLIs' real requests through both).
@@ -125,7 +128,6 @@ class History:
             self._resized(self.size - before)
         return reader.messages
 
-
     def part(self, name: str, raw: Any, read: Callable[[], T]) -> T:
         """What `read()` gives, reused while the session's requests send an equal `raw` under `name` (an agent
         sends the same tens of KB of tools on every call). `read` depends on `raw` alone; its value is shared
@@ -154,8 +156,9 @@ def read_history(items: list[Any], reader: HistoryReader, history: History | Non
 
 class Histories:
     """Every session's `History`, per provider; the least recently used go first once the kept reads
-    weigh more than `max_bytes` of request bodies (their decoded items take a few times that in memory).
-    A session whose history went is read whole on its next call: slower, never different."""
+    weigh more than `max_bytes` of request bodies (their texts take about that; their messages, shared
+    with the calls in flight and the session state, a few times it). A session whose history went is read
+    whole on its next call: slower, never different."""
 
     def __init__(self, max_bytes: int = 128 * 1024 * 1024, keep: int = 3):
         self.max_bytes, self.keep = max_bytes, keep
