@@ -8,7 +8,6 @@ non-streamed endpoint would have answered.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -16,7 +15,7 @@ from typing import Any
 
 from polar.canonical import ChatRequest, ChatResult, Delta, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 from polar.errors import GatewayError
-from polar.upstream.http import StreamRequest
+from polar.upstream.http import StreamRequest, response_json
 from polar.upstream.results import chat_result
 
 
@@ -53,7 +52,7 @@ class ChatStream:
             if data == "[DONE]":
                 break
             try:
-                chunk = json.loads(data)
+                chunk = response_json(data)
                 deltas = self._take(chunk)
             except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
                 raise GatewayError("upstream_error", f"the upstream {url} sent a stream chunk that is not a "

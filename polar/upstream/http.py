@@ -30,6 +30,16 @@ def request_json(body: Any) -> bytes:
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+def response_json(raw: bytes | str) -> Any:
+    """An upstream's JSON answer or stream chunk. A chat-mode chunk carries the whole prompt's ids (100k+ at
+    agent size): orjson reads them ~3x faster than json, which reads what orjson refuses (NaN, -Infinity)
+    and raises its ValueError on what is not JSON at all."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+
+
 def _json(body: Any) -> dict[str, Any]:
     """aiohttp's request arguments for a JSON body (none for no body)."""
     return {} if body is None else {"data": request_json(body), "headers": {"content-type": "application/json"}}
@@ -86,7 +96,7 @@ class UpstreamHTTP:
         except aiohttp.ClientError as exc:  # reset mid-body, protocol errors
             raise GatewayError("upstream_error", f"the upstream {url} broke off: {type(exc).__name__}: {exc}") from None
         try:
-            data = json.loads(raw)
+            data = response_json(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             snippet = raw[:200].decode(errors="replace") if raw else "<empty body>"
             raise GatewayError(

@@ -9,7 +9,6 @@ builds it (`TokenFaithful.result`), so the capture never depends on how the stre
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +16,7 @@ from polar.canonical import ChatRequest, ChatResult, Delta, ToolCallDelta
 from polar.errors import GatewayError
 from polar.tokens.messages import to_openai_tools
 from polar.tokens.stream_parse import IncrementalDecoder, TurnStream
-from polar.upstream.http import StreamRequest
+from polar.upstream.http import StreamRequest, response_json
 
 if TYPE_CHECKING:
     from polar.upstream.vllm_tokens import TokenFaithful
@@ -52,7 +51,7 @@ class TokenStream:
             if data == "[DONE]":
                 break
             try:
-                text = self._take(json.loads(data))
+                text = self._take(response_json(data))
             except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
                 raise GatewayError("upstream_error", f"the upstream {url} sent a stream chunk without token ids "
                                                      f"({type(exc).__name__}: {exc})") from None
