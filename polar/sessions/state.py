@@ -65,7 +65,9 @@ class SessionState:
         """How to store a prompt: the turn sharing its longest prefix, and how long that prefix is."""
         prompt = as_ids(prompt_ids)
         best = Lineage(None, 0)
-        for turn in self.turns:
+        for turn in reversed(self.turns):  # the newest first: the longest, so older ones can seldom beat it
+            if len(turn.ids) <= best.prefix_len:
+                continue
             shared = common_prefix_len(prompt, turn.ids)
             if shared > best.prefix_len:
                 best = Lineage(turn.row, shared)
@@ -95,8 +97,15 @@ class SessionState:
 
     def add(self, turn: Turn, keep: int) -> None:
         """Keep `turn`; turns whose ids it extends are dropped (they are its prefix)."""
-        kept = [t for t in self.turns if not (len(t.ids) <= len(turn.ids) and common_prefix_len(t.ids, turn.ids) == len(t.ids))]
+        kept = [t for t in self.turns if not _extends(turn.ids, t.ids)]
         self.turns = [*kept, turn][-keep:]
+
+
+def _extends(ids: np.ndarray, prefix: np.ndarray) -> bool:
+    """Whether `ids` starts with `prefix`; the last id first, which tells most others apart at once (in chat
+    mode the template re-renders earlier turns, so no turn's ids are the next one's prefix)."""
+    n = len(prefix)
+    return n <= len(ids) and (n == 0 or ids[n - 1] == prefix[n - 1]) and common_prefix_len(prefix, ids) == n
 
 
 @dataclass

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from polar.canonical import ChatRequest, ChatResult, Message, TextPart
 from polar.capture.records import MessageLog
@@ -95,3 +97,26 @@ def test_an_unreadable_database_means_a_re_render_that_says_why():
     request = _request(_msg("user", "hi"), _msg("assistant", "yo"), _msg("user", "more"))
     ext, why = state.extension(request, [message_fingerprint(m) for m in request.messages])
     assert ext is None and why == "its earlier turns could not be read from the capture database (disk I/O error)"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), max_size=12), max_size=6), st.lists(st.integers(0, 2), max_size=14))
+def test_lineage_is_the_longest_shared_prefix_and_add_drops_exactly_the_prefixes(earlier, prompt):
+    """The newest turn is tried first and turns that cannot share more are skipped: the length found is still
+    the longest over every turn; a new turn drops exactly the turns whose ids are its prefix."""
+    from polar.capture.tokens import common_prefix_len
+    from polar.sessions.state import SessionState
+
+    state = SessionState()
+    for row, ids in enumerate(earlier):
+        state.turns.append(Turn(row, np.asarray(ids, dtype=np.uint32), len(ids), "k", [], "a"))
+    ids = np.asarray(prompt, dtype=np.uint32)
+    best = state.lineage(ids)
+    assert best.prefix_len == max([common_prefix_len(ids, t.ids) for t in state.turns], default=0)
+    assert best.parent is None if best.prefix_len == 0 else \
+        common_prefix_len(ids, state.turns[best.parent].ids) == best.prefix_len
+    before = list(state.turns)
+    state.add(Turn(99, ids, len(ids), "k", [], "a"), keep=100)
+    dropped = [t for t in before if t not in state.turns]
+    assert all(len(t.ids) <= len(ids) and list(ids[: len(t.ids)]) == list(t.ids) for t in dropped)
+    assert not any(len(t.ids) <= len(ids) and list(ids[: len(t.ids)]) == list(t.ids) for t in state.turns[:-1])
