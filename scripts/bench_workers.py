@@ -11,9 +11,12 @@ spreads the clients over the workers by session, as it would agents.
 CPU per call is read from /proc for every process: polar's (all its processes), the front's (haproxy)
 alone, the upstream's and the load generator's. On a 2-core machine those four share the cores, so
 the ratio is bounded by the CPU left over, not by polar: the table says where the CPU went.
+--cpu-per-worker C (root) gives the one polar process and each of the N workers the same budget of C
+cores (a cgroup CPU quota, scripts/cpu_budget.py), the rest of the machine left to the load generator,
+the upstream and the front: the shape of a node whose gateway workers each have a core of their own.
 
     python scripts/bench_workers.py [--workers 2] [--requests 2000] [--concurrency 64] [--stream no]
-                                    [--markdown]
+                                    [--cpu-per-worker 0.5] [--markdown]
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_proxy as core  # noqa: E402  (the measurement core)
+from cpu_budget import CpuBudgets  # noqa: E402
 
 from polar.capture.shards import shard_path  # noqa: E402
 from polar.mitm.proxy import free_port  # noqa: E402
@@ -48,15 +52,32 @@ def start_workers(workdir: Path, upstream: core.Service, sync: str, count: int) 
                         env=ENV, cwd=core.REPO).start()
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def front_pid(service: core.Service) -> int | None:
     """The haproxy process among the supervisor's children."""
-    for pid in core._descendants(service.proc.pid):
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "haproxy":
-                return pid
-        except OSError:
-            continue
-    return None
+    return next((pid for pid in core._descendants(service.proc.pid) if _comm(pid) == "haproxy"), None)
+
+
+def worker_pids(service: core.Service) -> list[int]:
+    """The supervisor's children that are gateway workers (all but haproxy)."""
+    children = [int(k) for f in Path(f"/proc/{service.proc.pid}/task").glob("*/children")
+                for k in f.read_text().split()]
+    return [pid for pid in children if _comm(pid) != "haproxy"]
+
+
+def budget(budgets: CpuBudgets, one: core.Service, workers: core.Service, cores: float) -> str:
+    """One polar process and each worker (with whatever it started) capped at `cores`."""
+    budgets.limit("single", [one.proc.pid, *core._descendants(one.proc.pid)], cores)
+    pids = worker_pids(workers)
+    for i, pid in enumerate(pids):
+        budgets.limit(f"w{i}", [pid, *core._descendants(pid)], cores)
+    return f"CPU budget: {cores:g} cores (cgroup quota) for the one polar process and for each of {len(pids)} workers"
 
 
 @dataclass
@@ -138,15 +159,20 @@ def main(argv: Sequence[str] | None = None) -> list[WorkersCell]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     core.common_args(ap)
     ap.add_argument("--workers", type=int, default=2, help="gateway processes behind the front")
+    ap.add_argument("--cpu-per-worker", type=float, default=None, metavar="CORES",
+                    help="cap the one polar process and each worker at this many cores (cgroup quota; root)")
     ap.set_defaults(concurrency=[64], stream="no", requests=2000)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     core.check_args(ap, args)
     if args.workers < 2:
         ap.error("--workers must be at least 2")
+    if args.cpu_per_worker is not None and not 0 < args.cpu_per_worker <= (os.cpu_count() or 1):
+        ap.error(f"--cpu-per-worker must be in (0, {os.cpu_count()}]")
     console, started, load_before = Console(width=260), time.perf_counter(), core.loadavg()
     single, multi = "polar", f"polar ×{args.workers}"
     services: list[core.Service] = []
+    budgets, budget_line = CpuBudgets() if args.cpu_per_worker else None, None
     with tempfile.TemporaryDirectory(prefix="polar-bench-workers-") as tmp:
         try:
             upstream = core.start_upstream(Path(tmp), args.tokenizer)
@@ -155,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> list[WorkersCell]:
             services.append(one.proxy)
             front = start_workers(Path(tmp), upstream, args.sync[0], args.workers)
             services.append(front)
+            if budgets:
+                budget_line = budget(budgets, one.proxy, front, args.cpu_per_worker)
             targets = [core.direct_target(upstream),
                        core.Target(single, one.url, one.body, one.headers, one.proxy, session_per_client=True),
                        core.Target(multi, f"{front.health_url}v1/messages", one.body, one.headers, front,
@@ -174,10 +202,14 @@ def main(argv: Sequence[str] | None = None) -> list[WorkersCell]:
         finally:
             for service in reversed(services):
                 service.stop()
+            if budgets:
+                budgets.close()
+    shared = (f"each gateway process capped at {args.cpu_per_worker:g} cores" if budgets else
+              "shared by load generator, proxies and upstream")
     title = (f"polar ×{args.workers} (haproxy front) vs one polar process vs direct (captures synchronous="
-             f"{args.sync[0]}; {os.cpu_count()} cores shared by load generator, proxies and upstream)")
-    core.print_report(console, results_table(cells, title, single),
-                      [*target_lines(cells, single, multi, args.workers), split, stats], args.markdown, load_before,
+             f"{args.sync[0]}; {os.cpu_count()} cores, {shared})")
+    notes = [*target_lines(cells, single, multi, args.workers), split, stats, *([budget_line] if budget_line else [])]
+    core.print_report(console, results_table(cells, title, single), notes, args.markdown, load_before,
                       started, core.command_line("bench_workers.py", argv))
     return cells
 

@@ -55,6 +55,44 @@ def test_bench_workers_tiny(tokenizer_dir, capsys, monkeypatch):
     assert "sessions per worker shard — w0: " in out and "command: python scripts/bench_workers.py" in out
 
 
+def test_cpu_budget_caps_a_process(monkeypatch):
+    """A process given 0.1 cores by scripts/cpu_budget.py is throttled by the kernel, and closing the
+    budget moves it back and removes the group. (Root, as CI runs; the kernel's counters, not a timing.)"""
+    import subprocess
+    import sys
+    import time
+
+    budget = load_script(monkeypatch, "cpu_budget")
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        with budget.CpuBudgets(prefix="polar-test") as budgets:
+            group = budgets.limit("spin", [spinner.pid], 0.1)
+            assert (group / "cgroup.procs").read_text().split() == [str(spinner.pid)]
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                stat = dict(line.split() for line in (group / "cpu.stat").read_text().splitlines())
+                if int(stat["nr_throttled"]) > 0:
+                    break
+                time.sleep(0.1)
+            assert int(stat["nr_throttled"]) > 0, stat
+        assert not group.exists()
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_bench_workers_with_cpu_budget(tokenizer_dir, capsys, monkeypatch):
+    bench = load_script(monkeypatch, "bench_workers")
+    cells = bench.main(["--requests", "8", "--concurrency", "4", "--cpu-per-worker", "1",
+                        "--tokenizer", str(tokenizer_dir)])
+    out = capsys.readouterr().out
+
+    assert [c.target for c in cells] == ["direct", "polar", "polar ×2"]
+    assert all(c.errors == [] and c.ok == 16 for c in cells)  # cell_requests: at least 4 a client
+    assert "CPU budget: 1 cores (cgroup quota) for the one polar process and for each of 2 workers" in out
+    assert "each gateway process capped at 1 cores" in out
+
+
 def test_bench_peers_tiny(tokenizer_dir, capsys, monkeypatch):
     bench = load_script(monkeypatch, "bench_peers")
     litellm = _with_litellm()
