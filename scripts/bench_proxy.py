@@ -58,15 +58,21 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # -- processes ------------------------------------------------------------------------------------
 
 
-def _descendants(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
+    """The process's direct children (those of every thread)."""
     out: list[int] = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+    for listing in Path(f"/proc/{pid}/task").glob("*/children"):
         try:
-            kids = [int(k) for k in children.read_text().split()]
+            out += [int(k) for k in listing.read_text().split()]
         except OSError:  # the thread or process is gone
             continue
-        for kid in kids:
-            out += [kid, *_descendants(kid)]
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    for kid in children(pid):
+        out += [kid, *_descendants(kid)]
     return out
 
 

@@ -66,9 +66,7 @@ def front_pid(service: core.Service) -> int | None:
 
 def worker_pids(service: core.Service) -> list[int]:
     """The supervisor's children that are gateway workers (all but haproxy)."""
-    children = [int(k) for f in Path(f"/proc/{service.proc.pid}/task").glob("*/children")
-                for k in f.read_text().split()]
-    return [pid for pid in children if _comm(pid) != "haproxy"]
+    return [pid for pid in core.children(service.proc.pid) if _comm(pid) != "haproxy"]
 
 
 def budget(budgets: CpuBudgets, one: core.Service, workers: core.Service, cores: float) -> str:

@@ -28,6 +28,17 @@ def _root() -> tuple[Path, bool]:
     raise RuntimeError("no cgroup CPU controller mounted (cgroup v2 cpu.max or v1 cpu.cfs_quota_us)")
 
 
+def _remove_orphans(root: Path, prefix: str) -> None:
+    """Empty groups left by a run killed before its close (kill -9): their owner's pid is in the name."""
+    for group in root.glob(f"{prefix}-*-*"):
+        owner = group.name[len(prefix) + 1:].split("-", 1)[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            try:
+                group.rmdir()  # refused while a process is still in it: left alone
+            except OSError:
+                continue
+
+
 class CpuBudgets:
     """Groups made by this run, each capped at `cores`; removed (processes back to the root) on close."""
 
@@ -36,6 +47,7 @@ class CpuBudgets:
             raise RuntimeError("a CPU budget needs root (it writes cgroup files)")
         self.root, self.v2 = _root()
         self.prefix, self.groups = f"{prefix}-{os.getpid()}", []
+        _remove_orphans(self.root, prefix)
 
     def limit(self, name: str, pids: list[int], cores: float) -> Path:
         group = self.root / f"{self.prefix}-{name}"
@@ -59,7 +71,7 @@ class CpuBudgets:
             for pid in (group / "cgroup.procs").read_text().split():
                 try:
                     (self.root / "cgroup.procs").write_text(pid)
-                except (ProcessLookupError, OSError):
+                except OSError:  # gone meanwhile
                     continue
             group.rmdir()
         self.groups.clear()

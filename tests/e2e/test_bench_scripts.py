@@ -81,6 +81,22 @@ def test_cpu_budget_caps_a_process(monkeypatch):
         spinner.wait()
 
 
+def test_cpu_budget_removes_groups_a_killed_run_left(monkeypatch):
+    """kill -9 skips close: the next run removes the dead run's empty groups, not a live run's."""
+    import subprocess
+    import sys
+
+    budget = load_script(monkeypatch, "cpu_budget")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with budget.CpuBudgets(prefix="polar-test") as live:
+        mine = live.limit("w0", [], 0.5)
+        orphan = live.root / f"polar-test-{dead.pid}-w0"
+        orphan.mkdir()
+        with budget.CpuBudgets(prefix="polar-test"):
+            assert not orphan.exists() and mine.exists()
+
+
 def test_bench_workers_with_cpu_budget(tokenizer_dir, capsys, monkeypatch):
     bench = load_script(monkeypatch, "bench_workers")
     cells = bench.main(["--requests", "8", "--concurrency", "4", "--cpu-per-worker", "1",
