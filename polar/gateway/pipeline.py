@@ -150,10 +150,12 @@ class Gateway:
             request_body=req.body,
             t_start=time.time(),
         )
-        row_id = await self.writer.start(call)
+        # Queued now, committed by the writer thread while the call is parsed and sent upstream: not a wait
+        # on the call's path. Its row id is awaited when the call settles.
+        arrival = asyncio.ensure_future(self.writer.start(call))
         meta: dict[str, Any] = {"session": ident.session, "provider": provider.name, "call_id": call.call_id}
         call_state = _Call()
-        settle = functools.partial(self._settle, row_id, call, call_state, ident.session, meta)
+        settle = functools.partial(self._settle, arrival, call, call_state, ident.session, meta)
         try:
             answer = await self._answer(req, ident, route, call, call_state)
             if isinstance(answer, _Opened):
@@ -178,10 +180,11 @@ class Gateway:
                    **ids}
         return StreamReply(200, headers, stream)
 
-    async def _settle(self, row_id: int | None, call: CallStart, state: _Call, session: str, meta: dict[str, Any],
-                      end: CallEnd, result: ChatResult | None) -> str | None:
+    async def _settle(self, arrival: asyncio.Future, call: CallStart, state: _Call, session: str,
+                      meta: dict[str, Any], end: CallEnd, result: ChatResult | None) -> str | None:
         """Fill the call's row from what it learnt, commit it, then let the session state learn the turn.
         Returns why the row could not be committed, or None."""
+        row_id = await arrival  # None: not written, `finish` inserts the row whole
         if result is not None and state.result is None:  # a streamed turn: known only now
             state.take(result, time.time() - state.t_up_start)
         state.fill(end, self.gate)

@@ -179,6 +179,7 @@ class PolarAddon:
             client_addr = req.headers.pop(ctx.options.polar_client_addr_header, None) or client_addr
         headers = {k.lower(): v for k, v in req.headers.items()}
         headers.setdefault("host", req.host_header or req.pretty_host)  # HTTP/2 carries :authority only
+        secrets = [name for name in SECRET_HEADERS if name in headers]  # (a lookup in mitmproxy's headers is a scan)
         gateway = self.gateway
         self._calls[id(gateway)] = self._calls.get(id(gateway), 0) + 1
         path = req.path.split("?", 1)[0]
@@ -201,9 +202,8 @@ class PolarAddon:
             self._release(gateway)
         # The key only identified the session. mitmweb lists flows and can save them: the flow keeps
         # the headers redacted, as the capture store does (polar never sends them upstream).
-        for name in SECRET_HEADERS:
-            if name in req.headers:
-                req.headers[name] = REDACTED
+        for name in secrets:
+            req.headers[name] = REDACTED
         flow.metadata["polar"] = out.meta
         if isinstance(out.reply, StreamReply):  # the gateway is in use until the stream settles
             asyncio.get_running_loop().create_task(self._release_after(gateway, out.reply))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from polar.mitm.addon import PolarAddon
+from polar.mitm.master import LeanMaster
 
 
 @dataclass
@@ -51,29 +52,6 @@ class ProxyConfig:
                 "polar_tokenizer": self.tokenizer}
 
 
-# mitmproxy's default addons that rewrite, replay, block or record flows, or serve mitm.it: polar
-# answers every call itself and uses none of them, yet each one's hooks run on every flow (a call
-# through the addon manager per hook per addon). mitmweb (`web`) keeps them all, for inspection.
-_UNUSED_ADDONS = frozenset({
-    "AntiCache", "AntiComp", "BlockList", "Browser", "ClientPlayback", "CommandHistory", "Comment", "Cut",
-    "Export", "MapLocal", "MapRemote", "ModifyBody", "ModifyHeaders", "Onboarding", "SaveHar",
-    "ServerPlayback", "StickyAuth", "StickyCookie",
-})
-
-
-def lean_master(opts: Any) -> Any:
-    """DumpMaster's addons without the unused ones: proxying, TLS, auth, DNS, `save_stream_file` and
-    `scripts` stay; their options stay settable with `--set`."""
-    from mitmproxy import addons
-    from mitmproxy.addons import errorcheck
-    from mitmproxy.master import Master
-
-    master = Master(opts, with_termlog=True)
-    master.addons.add(*(a for a in addons.default_addons() if type(a).__name__ not in _UNUSED_ADDONS))
-    master.addons.add(errorcheck.ErrorCheck())  # start-up errors stop the proxy (not KeepServing: replay's)
-    return master
-
-
 async def serve(config: ProxyConfig, ready: threading.Event | None = None, holder: dict | None = None) -> None:
     """Run until shut down. `holder` receives the master so another thread can stop it."""
     from mitmproxy import options
@@ -84,7 +62,7 @@ async def serve(config: ProxyConfig, ready: threading.Event | None = None, holde
 
         master = WebMaster(opts, with_termlog=True)
     else:
-        master = lean_master(opts)
+        master = LeanMaster(opts)
     addon = PolarAddon()
     master.addons.add(addon)
     # One update: a first one without polar's options would build a gateway on the default database.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 
-from mitmproxy import ctx
 from mitmproxy.test import taddons
 
 from polar.mitm.addon import PolarAddon
@@ -12,14 +11,9 @@ from polar.mitm.addon import PolarAddon
 
 @contextlib.contextmanager
 def _master(addon: PolarAddon):
-    """mitmproxy's test context, undone afterwards (the session-wide in-process proxy uses the real one)."""
-    saved = {name: getattr(ctx, name) for name in ("master", "options", "log") if hasattr(ctx, name)}
-    try:
-        with taddons.context(addon) as context:
-            yield context
-    finally:
-        for name, value in saved.items():
-            setattr(ctx, name, value)
+    """mitmproxy's test context (conftest.py puts the real one back afterwards)."""
+    with taddons.context(addon) as context:
+        yield context
 
 
 def test_each_option_rebuilds_only_its_part(tmp_path, tokenizer_dir, monkeypatch):
