@@ -13,10 +13,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
+
 from polar.canonical import ChatRequest, ChatResult, Delta, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 from polar.errors import GatewayError
 from polar.upstream.http import StreamRequest, response_json
-from polar.upstream.results import chat_result
+from polar.upstream.results import chat_result, token_array
 
 
 class ChatStream:
@@ -24,7 +26,7 @@ class ChatStream:
         self.upstream, self.request, self.call_id = upstream, request, call_id
         self.created = int(time.time())
         self.model = ""
-        self.prompt_ids: list[int] | None = None
+        self.prompt_ids: np.ndarray | None = None
         self.ids: list[int] = []
         self.logprobs: list[Any] = []
         self.content: list[str] = []
@@ -71,7 +73,7 @@ class ChatStream:
             raise GatewayError("upstream_error", f"the upstream failed mid-stream: {err.get('message', err)}")
         self.model = chunk.get("model") or self.model
         if chunk.get("prompt_token_ids") is not None:
-            self.prompt_ids = list(chunk["prompt_token_ids"])
+            self.prompt_ids = token_array(chunk["prompt_token_ids"], "prompt_token_ids")
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         deltas: list[Delta] = []
@@ -134,7 +136,7 @@ class ChatStream:
         return chat_result(
             self.call_id, self.request, model=self.model, created=self.created, content="".join(self.content),
             reasoning=reasoning, tool_calls=calls, finish=self.finish,
-            stop_reason=self.stop_reason, usage=self.usage, prompt_ids=self.prompt_ids or [],
+            stop_reason=self.stop_reason, usage=self.usage, prompt_ids=self.prompt_ids if self.prompt_ids is not None else [],
             completion_ids=self.ids, logprobs=self.logprobs,
         )
 

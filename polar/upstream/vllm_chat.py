@@ -21,7 +21,7 @@ from polar.tokens.messages import to_openai_messages, to_openai_tools
 from polar.tokens.shaping import TemplateTraits
 from polar.upstream.chat_stream import ChatStream
 from polar.upstream.http import StreamRequest, UpstreamHTTP
-from polar.upstream.results import chat_result
+from polar.upstream.results import chat_result, token_array
 
 
 class VLLMChat:
@@ -126,7 +126,7 @@ def parse_chat_completion(data: Any, call_id: str, request: ChatRequest, started
         choice = data["choices"][0]
         message = choice["message"]
         completion_ids = list(choice.get("token_ids") or [])
-        prompt_ids = list(data.get("prompt_token_ids") or [])
+        prompt_ids = token_array(data.get("prompt_token_ids"), "prompt_token_ids")
         logprob_items = (choice.get("logprobs") or {}).get("content") or []
         tool_calls = [
             ToolCall(
