@@ -33,7 +33,7 @@ def test_bench_proxy_tiny(tokenizer_dir, capsys, monkeypatch):
     assert "polar vs direct upstream" in out
     for column in ("added p50 ms", "req/s vs direct", "proxy CPU ms/req", "upstream CPU ms/req"):
         assert column in out, column
-    assert "target: polar adds < 5 ms p50 at 1 client (non-streamed)" in out
+    assert "target: polar adds <= 3 ms p50 at 1 client (non-streamed)" in out
     assert "command: python scripts/bench_proxy.py --requests 5" in out and "load average" in out
     # direct, polar (streamed or not) and the warm-ups all asked the upstream the same thing: one distinct body
     assert "(1 distinct request body)" in out
@@ -118,7 +118,9 @@ def test_bench_peers_tiny(tokenizer_dir, capsys, monkeypatch):
 
     _check_cells(cells, ["direct", "polar", *(["litellm"] if litellm else [])])
     assert "vs direct upstream (1 process each" in out
-    assert "target: polar adds < 5 ms p50 at 1 client (non-streamed)" in out
+    assert "target: polar adds <= 3 ms p50 at 1 client (non-streamed)" in out
+    if litellm:  # the latency polar adds as a share of LiteLLM's: what a slower or faster host moves less
+        assert "x what litellm adds)" in out
     assert "(1 distinct request body)" in out  # LiteLLM too sends polar's exact upstream request
 
 
