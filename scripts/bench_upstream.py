@@ -111,7 +111,8 @@ class CachedDouble:
 
 
 def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+    # As vLLM writes its events (pydantic's model_dump_json): compact, UTF-8 as it is.
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"

@@ -18,12 +18,14 @@ import numpy as np
 from polar.canonical import ChatRequest, ChatResult, Delta, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 from polar.errors import GatewayError
 from polar.upstream.http import StreamRequest, response_json
+from polar.upstream.prompt_ids import read_chat_answer
 from polar.upstream.results import chat_result, token_array
 
 
 class ChatStream:
-    def __init__(self, upstream: StreamRequest, request: ChatRequest, call_id: str):
+    def __init__(self, upstream: StreamRequest, request: ChatRequest, call_id: str, known: np.ndarray | None = None):
         self.upstream, self.request, self.call_id = upstream, request, call_id
+        self.known = known  # the session's previous ids, which the first chunk's prompt ids most likely start with
         self.created = int(time.time())
         self.model = ""
         self.prompt_ids: np.ndarray | None = None
@@ -54,7 +56,7 @@ class ChatStream:
             if data == "[DONE]":
                 break
             try:
-                chunk = response_json(data)
+                chunk = read_chat_answer(data, self.known) if self.prompt_ids is None else response_json(data)
                 deltas = self._take(chunk)
             except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
                 raise GatewayError("upstream_error", f"the upstream {url} sent a stream chunk that is not a "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -80,7 +80,8 @@ class UpstreamHTTP:
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return None
 
-    async def call(self, method: str, path: str, body: Any = None) -> Any:
+    async def call(self, method: str, path: str, body: Any = None, read: Callable[[bytes], Any] = response_json) -> Any:
+        """`read`: how a successful answer's body is parsed (an error's is always read as plain JSON)."""
         url = self.base_url + path
         try:
             try:
@@ -96,7 +97,7 @@ class UpstreamHTTP:
         except aiohttp.ClientError as exc:  # reset mid-body, protocol errors
             raise GatewayError("upstream_error", f"the upstream {url} broke off: {type(exc).__name__}: {exc}") from None
         try:
-            data = response_json(raw)
+            data = read(raw) if status < 400 else response_json(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             snippet = raw[:200].decode(errors="replace") if raw else "<empty body>"
             raise GatewayError(

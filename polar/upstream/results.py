@@ -58,7 +58,7 @@ def token_array(ids: Any, what: str) -> np.ndarray:
     answer carries the whole prompt's ids (100k+ at agent size): as a list, ChatResult would validate them one
     by one and the gateway convert them again (~4 ms a call at 125k tokens, growing with the context)."""
     try:
-        return as_ids(ids or [])
+        return as_ids([] if ids is None else ids)
     except (TypeError, OverflowError, ValueError) as exc:
         raise GatewayError("upstream_error", f"the upstream's {what} are not token ids ({exc})") from None
 

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from polar.canonical import ChatRequest, ChatResult, ToolCall
 from polar.errors import GatewayError
 from polar.sessions.state import SessionView
@@ -21,6 +23,7 @@ from polar.tokens.messages import to_openai_messages, to_openai_tools
 from polar.tokens.shaping import TemplateTraits
 from polar.upstream.chat_stream import ChatStream
 from polar.upstream.http import StreamRequest, UpstreamHTTP
+from polar.upstream.prompt_ids import read_chat_answer
 from polar.upstream.results import chat_result, token_array
 
 
@@ -74,13 +77,14 @@ class VLLMChat:
     async def complete(self, request: ChatRequest, call_id: str, session: SessionView | None = None) -> ChatResult:
         body = await self.chat_body(request)
         started = time.time()
-        data = await self.http.call("POST", "/v1/chat/completions", body)
+        known = previous_ids(session)
+        data = await self.http.call("POST", "/v1/chat/completions", body, read=lambda raw: read_chat_answer(raw, known))
         return parse_chat_completion(data, call_id, request, started)
 
     async def stream(self, request: ChatRequest, call_id: str, session: SessionView | None = None) -> ChatStream:
         body = await self.chat_body(request)
         body.update(stream=True, stream_options={"include_usage": True})
-        return ChatStream(StreamRequest(self.http, "/v1/chat/completions", body), request, call_id)
+        return ChatStream(StreamRequest(self.http, "/v1/chat/completions", body), request, call_id, previous_ids(session))
 
     async def count_tokens(self, request: ChatRequest) -> int:
         body = await self.chat_body(request)
@@ -118,6 +122,11 @@ class VLLMChat:
         if request.response_schema is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {"name": "response", "schema": request.response_schema}}
         return body
+
+
+def previous_ids(session: SessionView | None) -> np.ndarray | None:
+    """The ids of the session's newest turn: what vLLM's prompt ids most likely start with (read_chat_answer)."""
+    return session.state.turns[-1].ids if session is not None and session.state.turns else None
 
 
 def parse_chat_completion(data: Any, call_id: str, request: ChatRequest, started: float) -> ChatResult:

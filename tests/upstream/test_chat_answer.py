@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
+import orjson
 import pytest
 
 from polar.canonical import ChatRequest, Message, TextPart
 from polar.errors import GatewayError
 from polar.upstream.chat_stream import ChatStream
+from polar.upstream.prompt_ids import read_chat_answer
 from polar.upstream.vllm_chat import parse_chat_completion
 
 REQUEST = ChatRequest(model="m", messages=[Message(role="user", content=[TextPart(text="hi")])])
@@ -50,3 +54,40 @@ def test_a_streams_first_chunk_gives_the_same_array():
     assert stream.result().prompt_token_ids.tolist() == [5, 6, 7] and stream.result().completion_token_ids == [9, 10]
     with pytest.raises(GatewayError):
         stream._take({"prompt_token_ids": [-1], "choices": []})
+
+
+def test_read_past_the_sessions_ids_the_result_is_the_full_parses():
+    known = np.arange(0, 40_000, dtype=np.uint32)
+    ids = known[:39_990].tolist() + [3, 1, 4, 1, 5]
+    raw = orjson.dumps(answer(ids))
+    full, fast = (parse_chat_completion(data, "call", REQUEST, 0.0)
+                  for data in (orjson.loads(raw), read_chat_answer(raw, known)))
+    assert fast.prompt_token_ids.tolist() == ids and fast.model_dump() == full.model_dump()
+
+
+class _Lines:
+    """The upstream's `data:` payloads, as StreamRequest.data yields them (no server needed to feed a stream)."""
+
+    url = "http://upstream/v1/chat/completions"
+
+    def __init__(self, chunks):
+        self.chunks = [orjson.dumps(c).decode() for c in chunks] + ["[DONE]"]
+
+    async def data(self):
+        for chunk in self.chunks:
+            yield chunk
+
+
+def test_a_stream_reads_its_first_chunks_ids_past_the_sessions():
+    known = np.arange(100, 5_100, dtype=np.uint32)
+    ids = known.tolist() + [1, 2]
+    chunks = [{"model": "m", "prompt_token_ids": ids, "choices": [{"index": 0, "delta": {"content": "a"}, "token_ids": [9]}]},
+              {"choices": [{"index": 0, "delta": {}, "token_ids": [10], "finish_reason": "stop"}]}]
+
+    async def run():
+        stream = ChatStream(_Lines(chunks), REQUEST, "call", known)
+        return stream, [d async for d in stream]
+
+    stream, deltas = asyncio.run(run())
+    assert stream.result().prompt_token_ids.tolist() == ids and stream.result().completion_token_ids == [9, 10]
+    assert deltas[0][0].text == "a"
