@@ -232,3 +232,16 @@ class ToolCallDelta:
 
 
 Delta = ReasoningDelta | TextDelta | ToolCallDelta
+
+
+def coalesced(deltas: list[Delta]) -> list[Delta]:
+    """Adjacent pieces of reasoning, or of text, as one: what arrived together goes out as one event
+    (a client sees the same text in fewer events; every provider's stream takes any length)."""
+    out: list[Delta] = []
+    for delta in deltas:
+        kind = type(delta)
+        if out and kind is type(out[-1]) and kind is not ToolCallDelta:
+            out[-1] = kind(out[-1].text + delta.text)
+        else:
+            out.append(delta)
+    return out

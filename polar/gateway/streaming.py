@@ -29,7 +29,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar.canonical import ChatResult, Delta, ReasoningDelta, TextDelta
+from polar.canonical import ChatResult, Delta, ReasoningDelta, TextDelta, coalesced
 from polar.capture.records import CallEnd
 from polar.errors import GatewayError
 from polar.providers.base import HttpReply
@@ -155,21 +155,25 @@ class StreamingCall:
                     yield self._sent(self.renderer.keepalive())
                     continue
                 out = self.renderer.opening(self.upstream.prompt_tokens)
+                deltas, failure = [], None
                 for item in batch:  # every upstream chunk that arrived meanwhile: one write for all
-                    if item is _SILENCE:
-                        continue
                     if item is _END:
                         ended = True
                         break
                     if isinstance(item, BaseException):
-                        raise item
-                    for delta in item:
-                        self.fed.add(delta)
-                        out += self.renderer.delta(delta)
-                if out:
+                        failure = item
+                        break
+                    if item is not _SILENCE:
+                        deltas += item
+                for delta in coalesced(deltas):
+                    self.fed.add(delta)
+                    out += self.renderer.delta(delta)
+                if out:  # (what came before a failure, then its error event)
                     self.fed.first_at = self.fed.first_at or time.time()
                     self._active = time.monotonic()
                     yield self._sent(out)
+                if failure is not None:
+                    raise failure
             result = self.upstream.result()
             tail = self.renderer.finish(result)
             self.fed.first_at = self.fed.first_at or time.time()  # an answer that went out whole, at its end

@@ -12,7 +12,6 @@ in `Parsed` — never through the canonical request the upstream sees.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from polar.canonical import ChatRequest, ChatResult, ToolCall
 from polar.errors import STATUS, GatewayError
+from polar.json_values import compact
 from polar.providers.history import History
 from polar.providers.reasoning_seal import Sealer
 from polar.providers.stream import StreamRenderer
@@ -46,7 +46,7 @@ class HttpReply:
 
     @classmethod
     def json(cls, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> HttpReply:
-        return cls(status, dumps(obj), {"content-type": "application/json", **(headers or {})})
+        return cls(status, compact(obj), {"content-type": "application/json", **(headers or {})})
 
     @classmethod
     def sse(cls, body: bytes, headers: dict[str, str] | None = None) -> HttpReply:
@@ -115,10 +115,6 @@ class Provider[Ctx]:
 def bare_path(path: str) -> str:
     """The path without a query string (Azure adds `?api-version=`) or trailing slash."""
     return path.split("?", 1)[0].rstrip("/")
-
-
-def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def new_id(prefix: str, nbytes: int = 12) -> str:

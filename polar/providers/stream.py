@@ -9,13 +9,13 @@ answer and a live one share one code path and always agree.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from typing import Any
 
 from polar.canonical import ChatResult, Delta, ReasoningDelta, TextDelta, ToolCallDelta
 from polar.errors import GatewayError
+from polar.json_values import compact
 
 _WORDS = re.compile(r"\s*\S+|\s+")
 CONTENT_TYPE = "text/event-stream; charset=utf-8"
@@ -37,9 +37,9 @@ def pieces(text: str, max_chars: int) -> list[str]:
 
 def sse_event(data: Any, event: str | None = None) -> bytes:
     """One SSE event. `data` that is not already a string is JSON-encoded on one line."""
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
+    payload = data.encode() if isinstance(data, str) else compact(data)
+    head = f"event: {event}\n".encode() if event else b""
+    return b"".join([head, b"data: ", payload, b"\n\n"])
 
 
 # An SSE comment: every spec-following client skips it, and it keeps idle connections alive.

@@ -17,7 +17,7 @@ import numpy as np
 
 from polar.canonical import ChatRequest, ChatResult, Delta, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 from polar.errors import GatewayError
-from polar.upstream.http import StreamRequest, response_json
+from polar.upstream.http import StreamRequest, response_json, take_batch
 from polar.upstream.prompt_ids import read_chat_answer
 from polar.upstream.results import chat_result, token_array
 
@@ -52,22 +52,23 @@ class ChatStream:
 
     async def __aiter__(self) -> AsyncIterator[list[Delta]]:
         url = self.upstream.url
-        async for data in self.upstream.data():
-            if data == "[DONE]":
+        async for batch in self.upstream.batches():
+            taken, failure, done = take_batch(batch, self._chunk, url, "a chat completion chunk")
+            yield [delta for deltas in taken for delta in deltas]  # what came before a bad chunk goes out first
+            if failure is not None:
+                raise failure
+            if done:
                 break
-            try:
-                chunk = read_chat_answer(data, self.known) if self.prompt_ids is None else response_json(data)
-                deltas = self._take(chunk)
-            except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-                raise GatewayError("upstream_error", f"the upstream {url} sent a stream chunk that is not a "
-                                                     f"chat completion chunk ({type(exc).__name__}: {exc})") from None
-            yield deltas
         if self.finish is None:
             raise GatewayError("upstream_error", f"the upstream {url} ended its stream before the answer finished")
         if self.held and not self.calls:  # the answer's own trailing whitespace
             self.content.append(self.held)
             yield [TextDelta(self.held)]
         self.held = ""
+
+    def _chunk(self, data: str) -> list[Delta]:
+        """One chunk's deltas; the first one's prompt ids read past the session's (prompt_ids.py)."""
+        return self._take(read_chat_answer(data, self.known) if self.prompt_ids is None else response_json(data))
 
     def _take(self, chunk: dict[str, Any]) -> list[Delta]:
         if "error" in chunk:  # vLLM's in-stream error: the generation failed after it started

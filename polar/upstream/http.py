@@ -15,19 +15,16 @@ import aiohttp
 import orjson
 
 from polar.errors import GatewayError
+from polar.json_values import compact
 
 _CONTEXT_MARKERS = ("maximum context length", "context length", "too long", "max_model_len", "maximum model length")
 
 
 def request_json(body: Any) -> bytes:
     """A request body as compact JSON. A token-in prompt is the whole context as ids, re-sent every turn
-    (100k+ numbers at agent size): orjson writes them ~10x faster than json, numpy arrays included, and
-    as bytes, which go out as they are (aiohttp's `json=` would encode a str again). Integers beyond 64
-    bits (a client's seed) fall back to json."""
-    try:
-        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-    except orjson.JSONEncodeError:
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    (100k+ numbers at agent size): json_values.compact writes them as bytes, numpy arrays included, which
+    go out as they are (aiohttp's `json=` would encode a str again)."""
+    return compact(body)
 
 
 def response_json(raw: bytes | str) -> Any:
@@ -179,10 +176,10 @@ class StreamRequest:
             self._task.result()
         return bool(done)
 
-    async def data(self) -> AsyncIterator[str]:
-        """The stream's `data:` payloads (waiting for the upstream to answer first)."""
-        async for payload in sse_data(await self._task):
-            yield payload
+    async def batches(self) -> AsyncIterator[list[str]]:
+        """The stream's `data:` payloads as they arrive, a list per read (waiting for the upstream to answer first)."""
+        async for batch in sse_batches(await self._task):
+            yield batch
 
     def close(self) -> None:
         """Drop the request, answered or not: vLLM aborts a request whose client goes (the GPU is freed)."""
@@ -192,10 +189,12 @@ class StreamRequest:
             self._task.result().close()
 
 
-async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
-    """The `data:` payloads of an upstream SSE body, one per line, as they arrive.
+async def sse_batches(resp: aiohttp.ClientResponse) -> AsyncIterator[list[str]]:
+    """The `data:` payloads of an upstream SSE body, one per line, in lists of what each read brought.
 
-    vLLM writes one `data: …` line per event; the first chunk can hold a long prompt's token ids, past
+    vLLM writes one `data: …` line per event, one event per sampled token; when the loop is busy (many
+    streams) one read brings many, and the reader takes them in one go (one decode, one parse, one
+    rendered event) rather than one by one. The first chunk can hold a long prompt's token ids, past
     aiohttp's line-length limit, hence lines joined here. Failures mid-stream become GatewayErrors, after
     the lines that arrived before the failure (a busy loop may not have read them yet).
     """
@@ -203,16 +202,33 @@ async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
     lines = _Lines()
     try:
         async for block in resp.content.iter_any():
-            for line in lines.feed(block):
-                yield line
+            if batch := lines.feed(block):
+                yield batch
     except asyncio.TimeoutError:
         raise GatewayError("upstream_timeout", f"the upstream {url} went silent mid-stream") from None
     except aiohttp.ClientError as exc:
-        for line in lines.feed(_unread(resp.content)):  # whole lines only: a cut-off event is no event
-            yield line
+        if batch := lines.feed(_unread(resp.content)):  # whole lines only: a cut-off event is no event
+            yield batch
         raise GatewayError("upstream_error", f"the upstream {url} broke off mid-stream: {type(exc).__name__}: {exc}") from None
-    for line in lines.feed(b"\n"):
-        yield line
+    if batch := lines.feed(b"\n"):
+        yield batch
+
+
+def take_batch(batch: list[str], take: Callable[[str], Any], url: str, what: str) -> tuple[list[Any], GatewayError | None, bool]:
+    """The payloads of one read, each through `take`, up to `[DONE]` or the first that fails: (what they gave,
+    that failure as an upstream_error, whether `[DONE]` came). What came before a failure is still given."""
+    out: list[Any] = []
+    for data in batch:
+        if data == "[DONE]":
+            return out, None, True
+        try:
+            out.append(take(data))
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            return out, GatewayError("upstream_error", f"the upstream {url} sent a stream chunk that is not {what} "
+                                                       f"({type(exc).__name__}: {exc})"), False
+        except GatewayError as exc:
+            return out, exc, False
+    return out, None, False
 
 
 class _Lines:

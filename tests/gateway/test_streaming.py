@@ -11,13 +11,15 @@ import os
 import uuid
 
 import httpx
+from aiohttp import web
 
-from polar.canonical import ChatRequest
+from polar.canonical import ChatRequest, ReasoningDelta, TextDelta, ToolCallDelta, coalesced
 from polar.capture.reader import CaptureReader
 from polar.capture.writer import CaptureWriter
 from polar.gateway.pipeline import Gateway, GatewayRequest
 from polar.gateway.streaming import StreamReply
 from polar.upstream.vllm_chat import VLLMChat
+from tests.support.aiohttp_server import serving
 
 LONG = " ".join(f"word{i}" for i in range(120))
 
@@ -126,3 +128,84 @@ def test_a_settled_stream_lets_go_of_its_request_while_its_reply_lives_on(double
     finally:
         gc.enable()
     assert alive == before and out.reply.call.settled
+
+
+def _text_events(body: bytes) -> list[str]:
+    return [json.loads(line[5:])["delta"]["text"] for line in body.split(b"\n")
+            if line.startswith(b"data:") and b'"text_delta"' in line]
+
+
+WORDS = [f"w{i} " for i in range(60)]
+
+
+def _vllm_events(fail: bool) -> list[bytes]:
+    """vLLM's chat stream for WORDS, one chunk per token, as its server writes them (the token ids and
+    logprobs asked for; `fail`: its in-stream error chunk after the 40th token instead of the end)."""
+    def event(obj) -> bytes:
+        return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    out = [event({**head, "prompt_token_ids": [1, 2, 3],
+                  "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})]
+    for i, word in enumerate(WORDS):
+        if fail and i == 40:
+            return out + [event({"error": {"message": "the engine died", "type": "InternalServerError", "code": 500}}),
+                          b"data: [DONE]\n\n"]
+        out.append(event({**head, "choices": [{"index": 0, "delta": {"content": word}, "token_ids": [100 + i],
+                                               "logprobs": {"content": [{"token": word, "logprob": -0.5}]},
+                                               "finish_reason": "stop" if i == len(WORDS) - 1 else None}]}))
+    usage = {"prompt_tokens": 3, "completion_tokens": len(WORDS), "total_tokens": 3 + len(WORDS)}
+    return out + [event({**head, "choices": [], "usage": usage}), b"data: [DONE]\n\n"]
+
+
+def _stream_from(events: list[bytes], together: bool, tmp_path, session: str) -> bytes:
+    """A TEST DOUBLE of vLLM's stream, for what the scripted double cannot do on cue: its chunks either in
+    one write (what a busy loop reads at once) or 5 ms apart. The gateway streams it as the relay reads it."""
+    async def upstream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in [b"".join(events)] if together else events:
+            await resp.write(chunk)
+            await asyncio.sleep(0 if together else 0.005)
+        return resp
+
+    async def main() -> bytes:
+        async with serving("/v1/chat/completions", upstream) as url:
+            writer = CaptureWriter(tmp_path / "captures.db")
+            gateway = Gateway(writer, VLLMChat(url, model="m"))
+            out = await gateway.handle(request(session))
+            body = b"".join([chunk async for chunk in out.reply.call.chunks()])
+            await out.reply.call.wait_settled()
+            await gateway.backend.aclose()
+            writer.close()
+            return body
+
+    return run(main())
+
+
+def test_tokens_that_arrive_together_go_out_as_one_event_and_paced_ones_one_by_one(tmp_path):
+    """The chunks one read brings (a busy loop, a fast model) are taken and rendered as one text event;
+    chunks that come apart still go out as they come. The text and the capture are the same either way."""
+    together = _text_events(_stream_from(_vllm_events(False), True, tmp_path, "together"))
+    paced = _text_events(_stream_from(_vllm_events(False), False, tmp_path, "paced"))
+    assert "".join(together) == "".join(paced) == "".join(WORDS)
+    assert len(together) <= 3 and len(paced) >= 30
+    reader = CaptureReader(tmp_path / "captures.db")
+    (together_row,), (paced_row,) = reader.calls(session="together"), reader.calls(session="paced")
+    assert together_row["completion_len"] == paced_row["completion_len"] == len(WORDS)
+
+
+def test_text_that_came_with_a_failing_chunk_reaches_the_client_before_the_error(tmp_path):
+    body = _stream_from(_vllm_events(True), True, tmp_path, "failing")
+    assert "".join(_text_events(body)) == "".join(WORDS[:40]).rstrip()
+    assert body.rstrip().endswith(b"}") and b"event: error" in body and b"the engine died" in body
+    (row,) = CaptureReader(tmp_path / "captures.db").calls(session="failing")
+    assert row["status"] == "error" and row["completion_len"] == 40
+
+
+def test_coalesced_joins_adjacent_text_and_reasoning_never_calls():
+    pieces = [ReasoningDelta("a"), ReasoningDelta("b"), TextDelta("c"), TextDelta("d"),
+              ToolCallDelta(0, "{", id="x", name="f"), ToolCallDelta(0, "}"), TextDelta("e"), ReasoningDelta("f")]
+    assert coalesced(pieces) == [ReasoningDelta("ab"), TextDelta("cd"), ToolCallDelta(0, "{", id="x", name="f"),
+                                 ToolCallDelta(0, "}"), TextDelta("e"), ReasoningDelta("f")]
+    assert pieces[0] == ReasoningDelta("a")  # the pieces themselves are left as they were

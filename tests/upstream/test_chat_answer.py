@@ -66,16 +66,16 @@ def test_read_past_the_sessions_ids_the_result_is_the_full_parses():
 
 
 class _Lines:
-    """The upstream's `data:` payloads, as StreamRequest.data yields them (no server needed to feed a stream)."""
+    """The upstream's `data:` payloads, as StreamRequest.batches yields them (no server needed to feed a stream)."""
 
     url = "http://upstream/v1/chat/completions"
 
     def __init__(self, chunks):
         self.chunks = [orjson.dumps(c).decode() for c in chunks] + ["[DONE]"]
 
-    async def data(self):
+    async def batches(self):
         for chunk in self.chunks:
-            yield chunk
+            yield [chunk]
 
 
 def test_a_stream_reads_its_first_chunks_ids_past_the_sessions():

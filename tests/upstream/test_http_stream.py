@@ -8,25 +8,19 @@ import pytest
 from aiohttp import web
 
 from polar.errors import GatewayError
-from polar.upstream.http import UpstreamHTTP, sse_data
+from polar.upstream.http import UpstreamHTTP, sse_batches
+from tests.support.aiohttp_server import serving
 
 EVENTS = [b'data: {"n": %d}\n\n' % i for i in range(3)]
 
 
 async def _served(handler, body_check):
-    app = web.Application()
-    app.router.add_post("/stream", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    http = UpstreamHTTP(f"http://127.0.0.1:{port}")
-    try:
-        return await body_check(http)
-    finally:
-        await http.aclose()
-        await runner.cleanup()
+    async with serving("/stream", handler) as url:
+        http = UpstreamHTTP(url)
+        try:
+            return await body_check(http)
+        finally:
+            await http.aclose()
 
 
 async def _read(http: UpstreamHTTP, wait: float) -> tuple[list[str], GatewayError | None]:
@@ -34,8 +28,8 @@ async def _read(http: UpstreamHTTP, wait: float) -> tuple[list[str], GatewayErro
     await asyncio.sleep(wait)  # a busy event loop: the stream's bytes and its end arrive before polar reads
     got: list[str] = []
     try:
-        async for payload in sse_data(resp):
-            got.append(payload)
+        async for batch in sse_batches(resp):
+            got += batch
     except GatewayError as exc:
         return got, exc
     return got, None

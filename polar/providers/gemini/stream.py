@@ -16,7 +16,8 @@ from typing import Any
 
 from polar.canonical import ChatRequest, ChatResult, Delta, ReasoningDelta, TextDelta, ToolCallDelta
 from polar.errors import GatewayError
-from polar.providers.base import dumps, object_of
+from polar.json_values import compact
+from polar.providers.base import object_of
 from polar.providers.gemini.parse import GeminiContext
 from polar.providers.gemini.render import chunk_usage, envelope_of, error_object, finish_reason, signature
 from polar.providers.reasoning_seal import Sealer
@@ -98,7 +99,7 @@ class GeminiStream(StreamRenderer):
 
     def error(self, error: GatewayError, status: int) -> bytes:
         body = {"error": error_object(error, status)}
-        return sse_event(body) if self.sse else (b"," if self.written else b"") + dumps(body) + b"]"
+        return sse_event(body) if self.sse else (b"," if self.written else b"") + compact(body) + b"]"
 
     # -- chunks ----------------------------------------------------------------------------
 
@@ -122,7 +123,7 @@ class GeminiStream(StreamRenderer):
         self.written += 1
         if self.sse:
             return sse_event(body)
-        return (b"," if self.written > 1 else b"") + dumps(body)
+        return (b"," if self.written > 1 else b"") + compact(body)
 
     def _signature(self) -> str:
         return signature("".join(self.reasoning), self.sealer)
