@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Annotated, Any, Literal, Union
 
 import numpy as np
@@ -238,10 +239,10 @@ def coalesced(deltas: list[Delta]) -> list[Delta]:
     """Adjacent pieces of reasoning, or of text, as one: what arrived together goes out as one event
     (a client sees the same text in fewer events; every provider's stream takes any length)."""
     out: list[Delta] = []
-    for delta in deltas:
-        kind = type(delta)
-        if out and kind is type(out[-1]) and kind is not ToolCallDelta:
-            out[-1] = kind(out[-1].text + delta.text)
-        else:
-            out.append(delta)
+    for kind, run in groupby(deltas, key=type):
+        pieces = list(run)
+        if kind is ToolCallDelta or len(pieces) == 1:
+            out += pieces
+        else:  # joined once: a slow client's backlog can be thousands of pieces
+            out.append(kind("".join(piece.text for piece in pieces)))
     return out
