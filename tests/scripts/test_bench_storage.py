@@ -20,5 +20,7 @@ def test_tiny_run_measures_both_encodings(tokenizer_dir, capsys, monkeypatch, tm
     # The same rows, stored differently: bodies, canonical requests, results, messages and prompt ids.
     assert after["token columns"] < before["token columns"] / 2 and after["result"] < before["result"]
     assert after["request bodies"] < before["request bodies"] / 2 and after["canonical"] < before["canonical"] / 10
-    assert after["response_body"] < before["response_body"] / 5
+    # Streamed answers: ~14x smaller when every token is its own event; ~3x when the unpaced upstream's tokens
+    # arrive together and go out as a few events (the bodies are then small to begin with).
+    assert after["response_body"] < before["response_body"] / 2
     assert after["whole DB"] < before["whole DB"]
