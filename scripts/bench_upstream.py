@@ -45,6 +45,8 @@ from aiohttp import web
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from polar.json_values import compact  # noqa: E402 — after the repo is on the path
+
 DEFAULT_TOKENIZER = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar")) / "models" / "qwen35-tiny"
 STREAM_KEYS = ("stream", "stream_options")  # do not change the answer, only its framing
 CHAT, GENERATE = "/v1/chat/completions", "/inference/v1/generate"
@@ -112,7 +114,7 @@ class CachedDouble:
 
 def _sse(obj: Any) -> bytes:
     # As vLLM writes its events (pydantic's model_dump_json): compact, UTF-8 as it is.
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + compact(obj) + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"

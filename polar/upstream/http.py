@@ -20,13 +20,6 @@ from polar.json_values import compact
 _CONTEXT_MARKERS = ("maximum context length", "context length", "too long", "max_model_len", "maximum model length")
 
 
-def request_json(body: Any) -> bytes:
-    """A request body as compact JSON. A token-in prompt is the whole context as ids, re-sent every turn
-    (100k+ numbers at agent size): json_values.compact writes them as bytes, numpy arrays included, which
-    go out as they are (aiohttp's `json=` would encode a str again)."""
-    return compact(body)
-
-
 def response_json(raw: bytes | str) -> Any:
     """An upstream's JSON answer or stream chunk. A chat-mode chunk carries the whole prompt's ids (100k+ at
     agent size): orjson reads them ~3x faster than json, which reads what orjson refuses (NaN, -Infinity)
@@ -38,8 +31,10 @@ def response_json(raw: bytes | str) -> Any:
 
 
 def _json(body: Any) -> dict[str, Any]:
-    """aiohttp's request arguments for a JSON body (none for no body)."""
-    return {} if body is None else {"data": request_json(body), "headers": {"content-type": "application/json"}}
+    """aiohttp's request arguments for a JSON body (none for no body). A token-in prompt is the whole context
+    as ids, re-sent every turn: compact writes them (numpy arrays included) as bytes, which go out as they
+    are (aiohttp's `json=` would encode a str again)."""
+    return {} if body is None else {"data": compact(body), "headers": {"content-type": "application/json"}}
 
 
 class UpstreamHTTP:

@@ -53,7 +53,8 @@ def ids_past_known(text: bytes, known: np.ndarray | None) -> np.ndarray:
     shared = 0
     if known is not None and len(known):
         known_text = orjson.dumps(np.ascontiguousarray(known), option=orjson.OPT_SERIALIZE_NUMPY)
-        if text[text.find(b",") + 1:][:1] == b" ":  # an upstream writing `1, 2` (vLLM writes `1,2`)
+        comma = text.find(b",")
+        if comma > 0 and text[comma + 1:comma + 2] == b" ":  # an upstream writing `1, 2` (vLLM writes `1,2`)
             known_text = known_text.replace(b",", b", ")
         chars = np.frombuffer(text, np.uint8)
         mismatch = common_prefix_len(chars, np.frombuffer(known_text, np.uint8))

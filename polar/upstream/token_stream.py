@@ -49,8 +49,7 @@ class TokenStream:
         url = self.upstream.url
         async for batch in self.upstream.batches():
             # The chunks one read brought are decoded and parsed as one piece: the same text, in fewer steps.
-            texts, failure, done = take_batch(batch, lambda data: self._take(response_json(data)), url,
-                                              "a completion chunk with token ids")
+            texts, failure, done = take_batch(batch, self._chunk, url, "a completion chunk with token ids")
             text = "".join(texts)
             yield _complete(self.turn.feed(text)) if text else []  # what came before a bad chunk goes out first
             if failure is not None:
@@ -63,6 +62,9 @@ class TokenStream:
         # whole decode of the ids, as the non-streamed answer decodes them.
         last = _complete(self.turn.feed(self.decoder.finish()))
         yield last + _complete(self.turn.finish(self.finish))
+
+    def _chunk(self, data: str) -> str:
+        return self._take(response_json(data))
 
     def _take(self, chunk: dict[str, Any]) -> str:
         """Account for one chunk's tokens; the text they add."""

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
+from polar.json_values import compact as request_json
 from polar.sessions.fingerprints import _digest
-from polar.upstream.http import request_json
 
 
 def test_token_ids_as_list_or_array_are_the_same_json():
