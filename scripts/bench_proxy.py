@@ -42,7 +42,7 @@ from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from polar.mitm.proxy import free_port  # noqa: E402
+from polar.mitm.proxy import die_with_parent, free_port  # noqa: E402
 
 CACHE = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))
 DEFAULT_TOKENIZER = CACHE / "models" / "qwen35-tiny"
@@ -100,8 +100,9 @@ class Service:
 
     def start(self, timeout: float = 120) -> Service:
         with open(self.log, "wb") as out:
+            # A benchmark killed outright (kill -9, a CI timeout) takes its servers with it.
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd,
-                                         env={**os.environ, **(self.env or {})})
+                                         env={**os.environ, **(self.env or {})}, preexec_fn=die_with_parent)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

@@ -8,6 +8,8 @@ container capture builds on these in `runtimes/`.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,6 +17,14 @@ from typing import Any, Literal
 
 from polar.mitm.addon import PolarAddon
 from polar.mitm.master import LeanMaster
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """A Popen preexec_fn (Linux): the child gets SIGTERM when its parent dies, killed outright included, so a
+    supervisor's workers and front, or a benchmark's servers, never outlive it."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass

@@ -12,7 +12,6 @@ died and how, stops the rest and exits non-zero; restarting is the job of whatev
 
 from __future__ import annotations
 
-import ctypes
 import signal
 import socket
 import subprocess
@@ -24,19 +23,11 @@ from pathlib import Path
 
 from polar.capture.shards import shard_path
 from polar.mitm.front import CLIENT_ADDR_HEADER, haproxy_binary, haproxy_config
-from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: a supervisor killed outright takes its workers and front with it."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
+from polar.mitm.proxy import ProxyConfig, SubprocessProxy, die_with_parent, free_port
 
 # Children in a session of their own: a Ctrl-C reaches the supervisor alone, which then stops them in
 # order (front first), instead of racing them to their deaths and reporting one as a failure.
-_CHILD = {"preexec_fn": _die_with_parent, "start_new_session": True}
+_CHILD = {"preexec_fn": die_with_parent, "start_new_session": True}
 
 
 @dataclass
