@@ -235,7 +235,7 @@ def old_format(src: Path, dst: Path) -> None:
                     canonical[key] = json.loads(values[canonical[key]])
                 canonical = json.dumps(canonical, ensure_ascii=False)
             conn.execute("UPDATE calls SET request_body=?, body_encoding=?, body_id=NULL, canonical=?, result=?, "
-                         "response_body=?, response_encoding=NULL, request_headers=? WHERE id=?",
+                         "response_body=?, response_encoding=NULL, response_body_id=NULL, request_headers=? WHERE id=?",
                          (zlib.compress(body, 1) if zipped else body, "zlib" if zipped else None, canonical,
                           result and text(result), rows[row_id]["response_body"],
                           json.dumps(rows[row_id]["request_headers"]), row_id))

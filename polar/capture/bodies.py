@@ -1,5 +1,9 @@
 """Raw request bodies stored linearly: each compressed with zstd against an earlier body of its session.
 
+Large response bodies (over ANSWER_APART) are stored the same way, against the session's earlier answers
+(their own `BodyBases`): an OpenAI Responses stream echoes the whole request's tools and settings in three
+of its events (~10 KB each for Codex), the same on every call.
+
 An agent re-sends its whole history on every call, so a body is mostly an earlier one plus a little: the
 earlier one's first bytes (the history up to where the new turn goes), a new middle, and often the
 earlier one's last bytes too (a client that sends the system prompt and tools after the messages). A
@@ -42,7 +46,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from polar.capture.dictionaries import Dictionaries, decompress
+from polar.capture.dictionaries import SIZE, Dictionaries, decompress
 from polar.capture.tokens import common_prefix_len
 
 SMALL = 1024  # bodies up to this many bytes are stored as they are, and never serve as a base
@@ -53,6 +57,10 @@ BASES_PER_SESSION = 3  # a session's main thread, its sub-agents and side calls 
 MAX_BASE_BYTES = 64 * 1024 * 1024  # the writer's memory for bases, all sessions together
 WIDE = 1024 * 1024  # base + body above this: zstd parameters sized to them (slower: ~45 ms at 1.5 MB)
 LOOKBACK = 32 * 1024  # bytes of the base before a splice's middle in its dictionary: the last turns' text
+# Response bodies above this are stored as splices of the session's earlier answers: what they repeat can be
+# more than a trained dictionary holds (dictionaries.SIZE). Smaller ones stay in their row, packed with the
+# responses' dictionary, which takes what they share; as `bodies` rows they would take more pages, not fewer.
+ANSWER_APART = SIZE
 
 
 @dataclass(frozen=True)
@@ -193,14 +201,18 @@ def _shared_head(base: bytes, body: bytes) -> int:
 
 
 def write_body(conn: sqlite3.Connection, encoded: Encoded) -> dict[str, Any]:
-    """The call's body columns; a large body goes to the `bodies` table first."""
+    """The call's request body columns; a large body goes to the `bodies` table first."""
     if encoded.encoding is None:
         return {"request_body": encoded.data, "body_encoding": encoded.encoding, "body_id": None}
+    return {"request_body": None, "body_encoding": encoded.encoding, "body_id": store(conn, encoded)}
+
+
+def store(conn: sqlite3.Connection, encoded: Encoded) -> int:
+    """A `bodies` row for an encoded (not stored-as-is) body; its id."""
     base = encoded.base.id if encoded.base else None
     ends = (s.head, s.tail, s.lookback) if (s := encoded.splice) else (None, None, None)  # NULLs: not a splice
-    body_id = conn.execute("INSERT INTO bodies (base, data, head, tail, lookback) VALUES (?, ?, ?, ?, ?)",
-                           (base, encoded.data, *ends)).lastrowid
-    return {"request_body": None, "body_encoding": encoded.encoding, "body_id": body_id}
+    return conn.execute("INSERT INTO bodies (base, data, head, tail, lookback) VALUES (?, ?, ?, ?, ?)",
+                        (base, encoded.data, *ends)).lastrowid
 
 
 def read_body(conn: sqlite3.Connection, row: Mapping[str, Any], memo: dict[int, bytes]) -> bytes | None:
@@ -208,15 +220,21 @@ def read_body(conn: sqlite3.Connection, row: Mapping[str, Any], memo: dict[int, 
     order decompresses each body once (`_remember` bounds it)."""
     if row.get("body_id") is None:
         return unpack(row["request_body"], row.get("body_encoding"), f"capture row {row['id']}")
+    return read_stored(conn, row["body_id"], f"capture row {row['id']}", memo)
+
+
+def read_stored(conn: sqlite3.Connection, body_id: int, owner: str, memo: dict[int, bytes]) -> bytes:
+    """A `bodies` row's body, byte for byte, decoding its chain back to a keyframe or a memoised body.
+    `owner`: whose body it is, for the error when a link is missing."""
     chain: list[tuple] = []
-    cur: int | None = row["body_id"]
+    cur: int | None = body_id
     while cur is not None and cur not in memo:
         found = _body_row(conn, cur)
         if found is None or (found[0] is not None and found[0] >= cur):
-            raise LookupError(f"body {cur} (of capture row {row['id']}) is missing")
+            raise LookupError(f"body {cur} (of {owner}) is missing")
         chain.append((cur, *found))
         cur = found[0]
-    for body_id, base, data, head, tail, lookback in reversed(chain):  # from the keyframe (or a memoised body) on
+    for link, base, data, head, tail, lookback in reversed(chain):  # from the keyframe (or a memoised body) on
         if base is None:
             body = zstandard.ZstdDecompressor().decompress(data)
         elif head is None:  # zstd-delta
@@ -225,8 +243,8 @@ def read_body(conn: sqlite3.Connection, row: Mapping[str, Any], memo: dict[int, 
             splice = Splice(head, tail, lookback)
             codec = zstandard.ZstdDecompressor(dict_data=_dictionary(splice.dictionary(memo[base])))
             body = splice.join(memo[base], codec.decompress(data))
-        _remember(memo, body_id, body)
-    return memo[row["body_id"]]
+        _remember(memo, link, body)
+    return memo[body_id]
 
 
 def _body_row(conn: sqlite3.Connection, body_id: int) -> tuple | None:

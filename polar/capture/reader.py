@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from polar.capture.bodies import read_body, unpack, unpack_json
+from polar.capture.bodies import read_body, read_stored, unpack, unpack_json
 from polar.capture.dictionaries import Dictionaries
 from polar.capture.tokens import unpack_ids, unpack_logprobs
 from polar.sqlite_files import open_readonly
@@ -187,8 +187,11 @@ def decode_row(conn: sqlite3.Connection, row: sqlite3.Row, cache: RowCache) -> d
         if out.get(key):
             out[key] = json.loads(unpack_json(out[key], dictionaries))  # large canonical and result are compressed
     out["request_body"] = read_body(conn, out, cache.bodies)
-    out["response_body"] = unpack(out.get("response_body"), out.get("response_encoding"), f"capture row {out['id']}",
-                                  dictionaries)
+    if out.get("response_body_id") is not None:  # a large one, in `bodies` (rows before this column have none)
+        out["response_body"] = read_stored(conn, out["response_body_id"], f"capture row {out['id']}", cache.bodies)
+    else:
+        out["response_body"] = unpack(out.get("response_body"), out.get("response_encoding"),
+                                      f"capture row {out['id']}", dictionaries)
     canonical = out.get("canonical")
     if isinstance(canonical, dict) and "message_refs" in canonical:
         refs = cache.message_refs(conn, out["id"], canonical)

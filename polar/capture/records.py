@@ -123,8 +123,10 @@ class CallEnd:
     messages: MessageRefs | None = None
     tokens: TokenRecord | None = None
 
-    def encode(self, packer: Plain = _PLAIN) -> tuple[dict[str, Any], list[StoredMessage]]:
-        """The row's columns, and the content-addressed values (messages, large parts) it references."""
+    def encode(self, packer: Plain = _PLAIN, response: dict[str, Any] | None = None
+               ) -> tuple[dict[str, Any], list[StoredMessage]]:
+        """The row's columns, and the content-addressed values (messages, large parts) it references.
+        `response`: the response body's columns when the writer stored it apart (a large one: bodies.py)."""
         row: dict[str, Any] = {
             "status": self.status, "http_status": self.http_status, "response_body": self.response_body,
             "t_end": self.t_end, "model": self.model, "stream": None if self.stream is None else int(self.stream),
@@ -133,7 +135,10 @@ class CallEnd:
             "prompt_mode": self.prompt_mode, "t_upstream": self.t_upstream, "t_first": self.t_first,
             "rewrites": pack_json(json.dumps(self.rewrites)) if self.rewrites else None,
         }  # fmt: skip
-        row["response_body"], row["response_encoding"] = pack(self.response_body, packer.of("response"))
+        if response is None:
+            row["response_body"], row["response_encoding"] = pack(self.response_body, packer.of("response"))
+        else:
+            row.update(response)
         values: list[StoredMessage] = []
         if self.canonical is not None:
             refs = self.messages or encode_messages(self.canonical["messages"], MessageLog())

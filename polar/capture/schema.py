@@ -38,7 +38,10 @@ CALLS: dict[str, Any] = {
     "rewrites": str,  # JSON list: what polar changed in the request so the template accepts it, and why
     "result": str,  # the canonical result without token arrays (JSON)
     "response_body": bytes,
-    "response_encoding": str,  # NULL (as is) or zstd (bodies.pack): a streamed answer's events compress ~14x
+    # NULL (as is) or zstd (bodies.pack) in `response_body`; or, over bodies.ANSWER_APART, in the `bodies` table
+    # (row `response_body_id`) as zstd or zstd-splice against the session's earlier answers, like request bodies
+    "response_encoding": str,
+    "response_body_id": int,
     "prompt_parent": int,  # row whose prompt+completion holds the first prompt_prefix_len ids
     "prompt_prefix_len": int,
     "prompt_suffix": bytes,  # uint32 ids: as they are, or zstd (bodies.pack) when over 256 B
@@ -88,7 +91,7 @@ def ensure(conn: sqlite3.Connection) -> None:
         # them all, but each is stored once, so a session's canonical requests take O(N), not O(T·N).
         # `body` is the JSON text, or (a BLOB) that text zstd-compressed when large (bodies.pack_json).
         db["messages"].create({"hash": str, "body": str}, pk="hash")
-    # Large request bodies, each zstd-compressed against its `base` body (NULL: a keyframe); a splice (`head`
+    # Large request and response bodies, each zstd-compressed against its `base` body (NULL: a keyframe); a splice (`head`
     # set) stores only what lies between the bytes it shares with its base at each end. Append-only, apart
     # from calls, so deleting a call's row leaves every other body readable.
     bodies = db["bodies"]
@@ -131,12 +134,15 @@ def presize_wal(conn: sqlite3.Connection, path: str, synchronous: str) -> None:
     conn.execute(f"PRAGMA synchronous={synchronous}")
 
 
-# Where a capture database's bytes go, as the benchmarks break it down: kind → SQL summing its stored bytes.
-STORED_BYTES = {
+# Where a capture database's bytes go, as the benchmarks break it down: kind → SQL summing its stored bytes
+# (or SQL for this schema, then for an older one).
+STORED_BYTES: dict[str, str | tuple[str, ...]] = {
     "request bodies": "SELECT (SELECT coalesce(sum(length(request_body)), 0) FROM calls)"
-                      " + (SELECT coalesce(sum(length(data)), 0) FROM bodies)",
+                      " + (SELECT coalesce(sum(length(data)), 0) FROM bodies WHERE id IN (SELECT body_id FROM calls))",
     "canonical": "SELECT coalesce(sum(length(canonical)), 0) FROM calls",
-    "response_body": "SELECT coalesce(sum(length(response_body)), 0) FROM calls",
+    "response_body": ("SELECT (SELECT coalesce(sum(length(response_body)), 0) FROM calls)"
+                      " + (SELECT coalesce(sum(length(data)), 0) FROM bodies WHERE id IN (SELECT response_body_id FROM calls))",
+                      "SELECT coalesce(sum(length(response_body)), 0) FROM calls"),  # before response_body_id
     "result": "SELECT coalesce(sum(length(result)), 0) FROM calls",
     "token columns": "SELECT coalesce(sum(length(prompt_suffix) + length(completion_ids)"
                      " + coalesce(length(completion_logprobs), 0)), 0) FROM calls",
@@ -151,10 +157,13 @@ def stored_bytes(conn: sqlite3.Connection) -> dict[str, int]:
     older database has not: 0)."""
     out = {}
     for kind, sql in STORED_BYTES.items():
-        try:
-            out[kind] = conn.execute(sql).fetchone()[0]
-        except sqlite3.OperationalError:  # no such table
-            out[kind] = 0
+        out[kind] = 0
+        for query in (sql,) if isinstance(sql, str) else sql:
+            try:
+                out[kind] = conn.execute(query).fetchone()[0]
+                break
+            except sqlite3.OperationalError:  # no such table or column
+                continue
     return out
 
 

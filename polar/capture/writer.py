@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.capture import schema
-from polar.capture.bodies import BodyBases, write_body
+from polar.capture.bodies import ANSWER_APART, BodyBases, store, write_body
 from polar.capture.dictionaries import Packer
 from polar.capture.records import CallEnd, CallStart
 from polar.capture.shards import first_row_id
@@ -65,7 +65,8 @@ class CaptureWriter:
         self.seal_key = schema.secret(self._conn, "seal_key")
         self.token, self._lease = _take_lease(self.path)
         self.interrupted = self._reap_dead_writers()
-        self._bodies = BodyBases()  # bodies this writer committed, to encode the next ones against
+        self._bodies = BodyBases()  # request bodies this writer committed, to encode the next ones against
+        self._answers = BodyBases()  # and large response bodies, against the session's earlier answers
         self._packer = Packer(self._conn)  # small values compressed with dictionaries trained on them
         self._id_floor = first_row_id(self.path) or None  # a shard's ids start in its own range (shards.py)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -174,14 +175,16 @@ class CaptureWriter:
         outcomes: list[Any] = []
         for op, _ in work:
             conn.execute("SAVEPOINT w")
-            mark = self._bodies.mark()
+            marks = self._bodies.mark(), self._answers.mark()
             try:
                 outcomes.append(self._apply(op))
                 conn.execute("RELEASE w")
             except Exception as exc:  # noqa: BLE001 — any failed write (SQLite, encoding, a bug) is undone alone
-                self._bodies.undo(mark)  # its body is no base for anyone
+                self._bodies.undo(marks[0])  # its bodies are no base for anyone
+                self._answers.undo(marks[1])
                 if not conn.in_transaction:  # SQLite rolled the whole transaction back (disk full, I/O error)
                     self._bodies.abort()
+                    self._answers.abort()
                     self._last_error = str(exc)
                     return None
                 conn.execute("ROLLBACK TO w")  # this write alone is undone; the others stand
@@ -191,11 +194,13 @@ class CaptureWriter:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             self._bodies.abort()
+            self._answers.abort()
             self._last_error = str(exc)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             return None
         self._bodies.commit()  # only now may later rows use this transaction's bodies as bases
+        self._answers.commit()
         if self._packer.waiting:  # a dictionary trained in this transaction: stored in one of its own
             self._packer.store(conn)
         return outcomes
@@ -204,7 +209,7 @@ class CaptureWriter:
         if op[0] == "start":
             return self._insert_call(op[1], {})
         _, row_id, call, end = op
-        fields, values = end.encode(self._packer)
+        fields, values = end.encode(self._packer, self._store_answer(call.session_id, end.response_body))
         for value in values:  # the tools come with every call: compressed only the first time
             if self._conn.execute("SELECT 1 FROM messages WHERE hash=?", (value.digest,)).fetchone() is None:
                 self._conn.execute("INSERT INTO messages (hash, body) VALUES (?, ?)", (value.digest,
@@ -216,6 +221,16 @@ class CaptureWriter:
             if cur.rowcount == 1:
                 return row_id
         return self._insert_call(call, fields)  # its arrival row is not there
+
+    def _store_answer(self, session: str, body: bytes) -> dict[str, Any] | None:
+        """A large response body in `bodies`, encoded against the session's earlier answers: its columns.
+        None for a smaller one (its row holds it, packed with the responses' dictionary)."""
+        if len(body) <= ANSWER_APART:
+            return None
+        encoded = self._answers.encode(session, body)
+        body_id = store(self._conn, encoded)
+        self._answers.wrote(session, body_id, body, encoded)
+        return {"response_body": None, "response_encoding": encoded.encoding, "response_body_id": body_id}
 
     def _insert_call(self, call: CallStart, fields: dict[str, Any]) -> int:
         body = call.stored_body()

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polar.capture import bodies
+from polar.capture import writer as writer_module
 from polar.capture.dictionaries import Dictionaries
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, MessageLog, encode_messages
@@ -80,14 +81,18 @@ def _apply(body: bytes, edit: tuple) -> bytes:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(edits=st.lists(st.tuples(st.sampled_from("ab"), _edit), min_size=1, max_size=45), chain=st.sampled_from([2, 5, 32]),
-       together=st.integers(1, 6), lookback=st.sampled_from([0, 7, 1000, bodies.LOOKBACK]))
-def test_bodies_round_trip_byte_for_byte(tmp_path_factory, monkeypatch, edits, chain, together, lookback):
+       together=st.integers(1, 6), lookback=st.sampled_from([0, 7, 1000, bodies.LOOKBACK]),
+       answer_apart=st.sampled_from([bodies.SMALL, bodies.ANSWER_APART]))
+def test_bodies_round_trip_byte_for_byte(tmp_path_factory, monkeypatch, edits, chain, together, lookback,
+                                         answer_apart):
     """Random edit sequences over two interleaved sessions, written one by one or several at once through
     the real writer and read through the real reader: every body reads back exactly, alone or in a whole
     scan, and no chain of deltas is longer than CHAIN. Splices of every shape: edits at the start, the
-    end or in between, bodies that shrink, grow or share nothing, dictionaries from none to LOOKBACK."""
+    end or in between, bodies that shrink, grow or share nothing, dictionaries from none to LOOKBACK.
+    Each response (the request reversed) too: stored apart from SMALL bytes on, or from ANSWER_APART."""
     monkeypatch.setattr(bodies, "CHAIN", chain)
     monkeypatch.setattr(bodies, "LOOKBACK", lookback)
+    monkeypatch.setattr(writer_module, "ANSWER_APART", answer_apart)
     path = tmp_path_factory.mktemp("bodies") / "c.db"
     writer = CaptureWriter(path)
     last = {"a": b"", "b": b""}
@@ -105,7 +110,8 @@ def test_bodies_round_trip_byte_for_byte(tmp_path_factory, monkeypatch, edits, c
     assert {k: r["request_body"] for k, r in rows.items()} == sent
     assert {k: r["response_body"] for k, r in rows.items()} == {k: body[::-1] for k, body in sent.items()}
     for call_id, body in sent.items():  # one row alone, nothing memoised
-        assert reader.find_call(call_id, session_of[call_id])["request_body"] == body
+        row = reader.find_call(call_id, session_of[call_id])
+        assert row["request_body"] == body and row["response_body"] == body[::-1]
     with reader.connect() as conn:
         links = dict(conn.execute("SELECT id, base FROM bodies").fetchall())
     for row_id in links:
@@ -270,6 +276,67 @@ def test_deleting_a_call_leaves_every_other_body_readable(tmp_path):
         conn.execute("DELETE FROM calls WHERE call_id IN ('c0', 'c3')")  # the keyframe's row and a middle one
     rows = {r["call_id"]: r["request_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)}
     assert rows == {c.call_id: c.request_body for c in calls if c.call_id not in ("c0", "c3")}
+
+
+def _responses_stream(n: int, session: str, echo: bytes) -> bytes:
+    """An OpenAI Responses stream as polar writes it: the request's tools and settings echoed in three events,
+    an answer of its own in between (random ids and text: incompressible apart from the echo)."""
+    rng = random.Random(f"{session}-{n}")
+    text = rng.randbytes(300).hex().encode()
+    envelope = b'{"id":"resp_%s","tools":%s}' % (rng.randbytes(12).hex().encode(), echo)
+    return (b"event: response.created\ndata: " + envelope + b"\n\nevent: response.in_progress\ndata: " + envelope +
+            b"\n\nevent: response.output_text.delta\ndata: {\"delta\":\"" + text + b"\"}\n\n"
+            b"event: response.completed\ndata: " + envelope + b"\n\n")
+
+
+def test_large_responses_are_stored_against_the_sessions_earlier_answers(tmp_path):
+    """What a streamed answer repeats from the one before it (the Responses API's echo of the tools, three
+    times in each) is stored once a session; each answer reads back byte for byte, alone or in a scan."""
+    rng = random.Random(0)  # a harness's tools: the same on every call; random, so no one answer compresses them away
+    echo = json.dumps([{"name": f"tool_{i}", "description": rng.randbytes(1200).hex()} for i in range(4)]).encode()
+    writer = CaptureWriter(tmp_path / "c.db")
+    answers = {f"{s}{n}": _responses_stream(n, s, echo) for n in range(12) for s in "ab"}
+
+    async def run() -> None:
+        for call_id, answer in answers.items():
+            call = _start(call_id, call_id[0], b"{}")
+            await writer.finish(await writer.start(call), call, _end(response_body=answer))
+
+    asyncio.run(run())
+    writer.close()
+    reader = CaptureReader(tmp_path / "c.db")
+    assert {r["call_id"]: r["response_body"] for r in reader.calls(with_tokens=False)} == answers
+    assert all(reader.find_call(c, c[0])["response_body"] == body for c, body in answers.items())
+    conn = sqlite3.connect(tmp_path / "c.db")
+    rows = conn.execute("SELECT call_id, response_encoding, response_body, length(data) FROM calls "
+                        "JOIN bodies ON response_body_id = bodies.id ORDER BY calls.id").fetchall()
+    assert len(rows) == len(answers) and all(inline is None for _, _, inline, _ in rows)
+    assert rows[0][1] == "zstd" and rows[1][1] == "zstd-splice"  # b0: against a0, the last keyframe of any session
+    whole = {call_id: len(bodies.compress(answer)) for call_id, answer in answers.items()}
+    # A splice costs about the answer's own text (300 random bytes as hex), not the echo again; keyframes
+    # come as for request bodies (bodies.KEY_SHARE), so all together take a fraction of each compressed whole.
+    splices = [n for _, e, _, n in rows if e == "zstd-splice"]
+    assert max(splices) < 600 < min(whole.values()) / 4
+    assert sum(n for *_, n in rows) < sum(whole.values()) / 3
+
+
+def test_a_response_whose_write_was_undone_is_no_base(tmp_path):
+    """A completion whose write fails after its large response was stored is rolled back to its savepoint:
+    the session's next answer is encoded against the last committed one, and every committed answer reads."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    big = random.Random(5).randbytes(bodies.ANSWER_APART + 1000)
+    call = _start("ok1", "s", b"{}")
+    first = asyncio.run(writer.finish(None, call, _end(response_body=big)))
+    with pytest.raises(CaptureError):  # a model name SQLite cannot encode: the UPDATE fails after the body's insert
+        asyncio.run(writer.finish(None, _start("bad", "s", b"{}"), _end(response_body=big + b"y", model="\ud800")))
+    second = asyncio.run(writer.finish(None, _start("ok2", "s", b"{}"), _end(response_body=big + b"z")))
+    writer.close()
+    conn = sqlite3.connect(tmp_path / "c.db")
+    answer_of = "SELECT response_body_id FROM calls WHERE id=?"
+    assert conn.execute(f"SELECT base FROM bodies WHERE id = ({answer_of})", (second,)).fetchone()[0] == \
+        conn.execute(answer_of, (first,)).fetchone()[0]
+    rows = {r["call_id"]: r["response_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)}
+    assert rows["ok1"] == big and rows["ok2"] == big + b"z"
 
 
 def _tools() -> list[dict]:
