@@ -240,9 +240,11 @@ class _FailingCommit:
         return getattr(self._conn, name)
 
 
-def test_a_body_whose_transaction_failed_is_no_base(tmp_path):
+def test_a_body_whose_transaction_failed_is_no_base(tmp_path, monkeypatch):
     """The COMMIT fails: the bodies of that transaction are no bases; each write is retried alone, and the
-    next body references the retried row, which is there."""
+    next body references the retried row, which is there. The same for the answers (each its request
+    reversed), stored apart here from SMALL bytes on."""
+    monkeypatch.setattr(writer_module, "ANSWER_APART", bodies.SMALL)
     writer = CaptureWriter(tmp_path / "c.db")
     big = random.Random(3).randbytes(5000)  # incompressible: a keyframe larger than the deltas after it
     first = _write(writer, [_start("ok1", "s", big)])[0]
@@ -253,6 +255,12 @@ def test_a_body_whose_transaction_failed_is_no_base(tmp_path):
     writer.close()
     _assert_based_on(tmp_path / "c.db", second, retried, {"ok1": big, "retried": big + b"y", "ok2": big + b"yz"})
     assert retried != first
+    conn = sqlite3.connect(tmp_path / "c.db")
+    answer_of = "SELECT response_body_id FROM calls WHERE id=?"
+    assert conn.execute(f"SELECT base FROM bodies WHERE id = ({answer_of})", (second,)).fetchone()[0] == \
+        conn.execute(answer_of, (retried,)).fetchone()[0]
+    answers = {r["call_id"]: r["response_body"] for r in CaptureReader(tmp_path / "c.db").calls(with_tokens=False)}
+    assert answers == {"ok1": big[::-1], "retried": (big + b"y")[::-1], "ok2": (big + b"yz")[::-1]}
 
 
 def _assert_based_on(path, row: int, base: int, bodies_sent: dict[str, bytes]) -> None:
