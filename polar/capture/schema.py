@@ -91,9 +91,9 @@ def ensure(conn: sqlite3.Connection) -> None:
         # them all, but each is stored once, so a session's canonical requests take O(N), not O(T·N).
         # `body` is the JSON text, or (a BLOB) that text zstd-compressed when large (bodies.pack_json).
         db["messages"].create({"hash": str, "body": str}, pk="hash")
-    # Large request and response bodies, each zstd-compressed against its `base` body (NULL: a keyframe); a splice (`head`
-    # set) stores only what lies between the bytes it shares with its base at each end. Append-only, apart
-    # from calls, so deleting a call's row leaves every other body readable.
+    # Large request and response bodies, each zstd-compressed against its `base` body (NULL: a keyframe); a
+    # splice (`head` set) stores only what lies between the bytes it shares with its base at each end.
+    # Append-only, apart from calls, so deleting a call's row leaves every other body readable.
     bodies = db["bodies"]
     if not bodies.exists():
         bodies.create(BODIES, pk="id")
@@ -137,8 +137,12 @@ def presize_wal(conn: sqlite3.Connection, path: str, synchronous: str) -> None:
 # Where a capture database's bytes go, as the benchmarks break it down: kind → SQL summing its stored bytes
 # (or SQL for this schema, then for an older one).
 STORED_BYTES: dict[str, str | tuple[str, ...]] = {
-    "request bodies": "SELECT (SELECT coalesce(sum(length(request_body)), 0) FROM calls)"
-                      " + (SELECT coalesce(sum(length(data)), 0) FROM bodies WHERE id IN (SELECT body_id FROM calls))",
+    # Every `bodies` row that is not an answer, so a base whose call was deleted still counts.
+    "request bodies": ("SELECT (SELECT coalesce(sum(length(request_body)), 0) FROM calls)"
+                       " + (SELECT coalesce(sum(length(data)), 0) FROM bodies WHERE id NOT IN"
+                       " (SELECT response_body_id FROM calls WHERE response_body_id IS NOT NULL))",
+                       "SELECT (SELECT coalesce(sum(length(request_body)), 0) FROM calls)"
+                       " + (SELECT coalesce(sum(length(data)), 0) FROM bodies)"),  # before response_body_id
     "canonical": "SELECT coalesce(sum(length(canonical)), 0) FROM calls",
     "response_body": ("SELECT (SELECT coalesce(sum(length(response_body)), 0) FROM calls)"
                       " + (SELECT coalesce(sum(length(data)), 0) FROM bodies WHERE id IN (SELECT response_body_id FROM calls))",

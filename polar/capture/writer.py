@@ -67,6 +67,7 @@ class CaptureWriter:
         self.interrupted = self._reap_dead_writers()
         self._bodies = BodyBases()  # request bodies this writer committed, to encode the next ones against
         self._answers = BodyBases()  # and large response bodies, against the session's earlier answers
+        self._bases = (self._bodies, self._answers)  # both follow the transaction: undo, abort, commit alike
         self._packer = Packer(self._conn)  # small values compressed with dictionaries trained on them
         self._id_floor = first_row_id(self.path) or None  # a shard's ids start in its own range (shards.py)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -175,16 +176,16 @@ class CaptureWriter:
         outcomes: list[Any] = []
         for op, _ in work:
             conn.execute("SAVEPOINT w")
-            marks = self._bodies.mark(), self._answers.mark()
+            marks = [bases.mark() for bases in self._bases]
             try:
                 outcomes.append(self._apply(op))
                 conn.execute("RELEASE w")
             except Exception as exc:  # noqa: BLE001 — any failed write (SQLite, encoding, a bug) is undone alone
-                self._bodies.undo(marks[0])  # its bodies are no base for anyone
-                self._answers.undo(marks[1])
+                for bases, mark in zip(self._bases, marks):
+                    bases.undo(mark)  # its bodies are no base for anyone
                 if not conn.in_transaction:  # SQLite rolled the whole transaction back (disk full, I/O error)
-                    self._bodies.abort()
-                    self._answers.abort()
+                    for bases in self._bases:
+                        bases.abort()
                     self._last_error = str(exc)
                     return None
                 conn.execute("ROLLBACK TO w")  # this write alone is undone; the others stand
@@ -193,14 +194,14 @@ class CaptureWriter:
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            self._bodies.abort()
-            self._answers.abort()
+            for bases in self._bases:
+                bases.abort()
             self._last_error = str(exc)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             return None
-        self._bodies.commit()  # only now may later rows use this transaction's bodies as bases
-        self._answers.commit()
+        for bases in self._bases:
+            bases.commit()  # only now may later rows use this transaction's bodies as bases
         if self._packer.waiting:  # a dictionary trained in this transaction: stored in one of its own
             self._packer.store(conn)
         return outcomes

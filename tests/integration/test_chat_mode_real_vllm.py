@@ -14,8 +14,10 @@ from __future__ import annotations
 import itertools
 import uuid
 
+import numpy as np
 import pytest
 
+from polar.capture.tokens import common_prefix_len
 from tests.support.real_vllm import template_subset
 
 pytestmark = pytest.mark.vllm
@@ -33,10 +35,6 @@ TURNS = [
 @pytest.fixture(scope="module")
 def polar(template_vllm, template_tap, start_polar):
     return start_polar(template_tap.url, "chat-template", template=template_vllm.template)
-
-
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    return next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 # Off qwen3.5-4b: each provider once, streamed and not alternating.
@@ -69,5 +67,6 @@ def test_every_turn_holds_the_prompt_ids_vllm_returned(template_vllm, template_t
     # reasoning is dropped: 4 ids on the Qwen3 templates), the two diverge a few ids before the end.
     for prev, row in itertools.pairwise(rows):
         assert len(row["prompt_ids"]) > len(prev["prompt_ids"])
-        assert shared_prefix(prev["prompt_ids"], row["prompt_ids"]) >= len(prev["prompt_ids"]) - 8
+        shared = common_prefix_len(np.asarray(prev["prompt_ids"]), np.asarray(row["prompt_ids"]))
+        assert shared >= len(prev["prompt_ids"]) - 8
 
