@@ -33,10 +33,21 @@ from polar.gateway.pipeline import Gateway, GatewayReply, GatewayRequest
 from polar.gateway.streaming import StreamReply
 from polar.mitm.contentview import PolarContentview
 from polar.mitm.relay import StreamRelay
-from polar.sessions.identity import REDACTED, SECRET_HEADERS, SessionRegistry
+from polar.sessions.identity import IDENTITY_HEADERS, REDACTED, SECRET_HEADERS, SessionRegistry
 from polar.upstream.vllm_chat import VLLMChat
 
 log = logging.getLogger("polar.addon")
+
+
+def gateway_headers(headers: http.Headers) -> dict[str, str]:
+    """The request's headers by lower-case name. A repeated header is joined (HTTP's list rule), except the
+    ones that name a session: of those the last line counts, as in the `--workers` front (haproxy's fhdr)."""
+    joined = {k.lower(): v for k, v in headers.items()}
+    if len(joined) < len(headers.fields):  # some name repeats (rare): never a scan per call otherwise
+        for name in IDENTITY_HEADERS:
+            if len(lines := headers.get_all(name)) > 1:
+                joined[name] = lines[-1]
+    return joined
 
 WRITER_OPTIONS = {"polar_db", "polar_db_sync", "polar_db_busy_timeout"}
 BACKEND_OPTIONS = {
@@ -177,7 +188,7 @@ class PolarAddon:
         client_addr = peer[0] if peer else None
         if ctx.options.polar_client_addr_header:  # behind polar's front: the peer is the front
             client_addr = req.headers.pop(ctx.options.polar_client_addr_header, None) or client_addr
-        headers = {k.lower(): v for k, v in req.headers.items()}
+        headers = gateway_headers(req.headers)
         headers.setdefault("host", req.host_header or req.pretty_host)  # HTTP/2 carries :authority only
         secrets = [name for name in SECRET_HEADERS if name in headers]  # (a lookup in mitmproxy's headers is a scan)
         gateway = self.gateway

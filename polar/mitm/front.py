@@ -1,8 +1,10 @@
 """The front of `polar proxy --workers N`: an haproxy config that sends every call of a session to one worker.
 
-The affinity key is the session key polar itself resolves (sessions/identity.py), in the same order:
-the `x-polar-session` header, the `/s/<id>/` path prefix, the API key (whichever header its provider
-uses), the client address. haproxy hashes it consistently onto the workers, and never re-balances: no
+The affinity key is the session key polar itself resolves (sessions/identity.py), in the same order
+and spelt by the same rules: the `x-polar-session` header (its last line, trimmed, each byte outside
+the id alphabet made "_", 128 bytes), the `/s/<id>/` path prefix, the API key (whichever header its
+provider uses; `authorization` without its "Bearer "), the client address. A header that trims to
+nothing names nothing, as in polar. haproxy hashes the key consistently onto the workers, and never re-balances: no
 health checks, so a session is never moved to a worker that lacks its state (the supervisor stops the
 whole front when a worker dies). The client's address travels to the worker in CLIENT_ADDR_HEADER,
 which the front always overwrites, so a client cannot choose the address its session is named by.
@@ -19,7 +21,10 @@ from polar.sessions.identity import KEY_HEADERS, SESSION_HEADER, SESSION_ID
 CLIENT_ADDR_HEADER = "x-polar-client-addr"
 # The same id polar accepts in a `/s/<id>/` prefix; any other path falls through to the key, as in polar.
 _PATH_SESSION = rf"^/s/{SESSION_ID}(/|$)"
-_KEY_HEADERS = (*KEY_HEADERS, "authorization")  # identity.client_key's order
+# identity.py's spelling of a name, as haproxy converters (PCRE, byte by byte; single quotes: no $ expansion).
+_TRIM = "regsub('^[[:space:]]+|[[:space:]]+$','',g)"  # [[:space:]] is identity.ASCII_SPACE
+_ID_BYTES = "regsub('[^A-Za-z0-9._:-]','_',g),bytes(0,128)"
+_BEARER = "regsub('^[Bb][Ee][Aa][Rr][Ee][Rr] [[:space:]]*','')"
 # Errors the front itself answers, in a JSON shape the OpenAI and Anthropic SDKs both read.
 _FRONT_ERRORS = {
     400: "the request is malformed or its headers are too large",
@@ -37,6 +42,12 @@ def haproxy_binary() -> str | None:
 
 def _error_body(message: str) -> str:
     return json.dumps({"type": "error", "error": {"type": "api_error", "message": message}}, separators=(",", ":"))
+
+
+def _key_from(fetch: str, condition: str = "") -> tuple[str, str]:
+    """Take the key from `fetch` (if still unset); a value that trims to nothing leaves it unset."""
+    return (f"  http-request set-var(txn.polar_key) {fetch} {('if ' + condition) if condition else ''}".rstrip(),
+            "  http-request unset-var(txn.polar_key) if { var(txn.polar_key) -m len 0 }")
 
 
 def haproxy_config(host: str, port: int, workers: Sequence[int], timeout_s: int = 3600) -> str:
@@ -67,10 +78,10 @@ def haproxy_config(host: str, port: int, workers: Sequence[int], timeout_s: int 
         "frontend polar",
         f"  bind {host}:{port}",
         f"  http-request set-header {CLIENT_ADDR_HEADER} %[src]",
-        f"  http-request set-var(txn.polar_key) req.fhdr({SESSION_HEADER}) if {{ req.fhdr({SESSION_HEADER}) -m len gt 0 }}",
+        *_key_from(f"req.fhdr({SESSION_HEADER}),{_TRIM},{_ID_BYTES}"),
         f"  http-request set-var(txn.polar_key) path,field(3,/) if {unset} {{ path_reg {_PATH_SESSION} }}",
-        *(f"  http-request set-var(txn.polar_key) req.fhdr({h}) if {unset} {{ req.fhdr({h}) -m len gt 0 }}"
-          for h in _KEY_HEADERS),
+        *(line for h in KEY_HEADERS for line in _key_from(f"req.fhdr({h}),{_TRIM}", unset)),
+        *_key_from(f"req.fhdr(authorization),{_TRIM},{_BEARER}", unset),
         f"  http-request set-var(txn.polar_key) src if {unset}",
         "  default_backend workers",
         "",

@@ -7,6 +7,10 @@ Resolution order, most explicit first:
      named after its salted hash, so one harness with its own key stays one session;
   4. the client address (a container's IP in transparent mode), registered or not.
 
+Names are read from the header's bytes as they came, the last line of a repeated header, trimmed of
+ASCII whitespace; the front of `--workers` (mitm/front.py) derives its affinity key by the same
+rules, so two spellings polar takes for one session always reach one worker.
+
 A registered key or address *binds* its client to a session: a runtime registered it, so it is
 the truth. A harness that names another session by header or path is refused (`Identity.refused`),
 so one session can neither write into nor continue another's captures.
@@ -23,8 +27,11 @@ from dataclasses import dataclass
 
 SESSION_HEADER = "x-polar-session"
 SESSION_ID = r"[A-Za-z0-9._:-]{1,128}"  # a session name as a `/s/<id>/` prefix carries it
+_NOT_IN_ID = re.compile(rb"[^A-Za-z0-9._:-]")  # in a header's name: each such byte becomes "_"
+ASCII_SPACE = " \t\n\r\v\f"  # what mitmproxy trims from a header value, and PCRE's [[:space:]]
 _PATH_PREFIX = re.compile(rf"^/s/({SESSION_ID})(/.*)?$")
 KEY_HEADERS = ("x-api-key", "x-goog-api-key", "api-key")  # a provider's API key, before `authorization`
+IDENTITY_HEADERS = (SESSION_HEADER, *KEY_HEADERS, "authorization")  # a repeated one counts by its last line
 # Headers that carry client credentials: read for identification, never stored or forwarded.
 REDACTED = "<redacted>"
 SECRET_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "api-key", "proxy-authorization", "cookie")
@@ -50,7 +57,7 @@ class SessionRegistry:
         self._lock = threading.Lock()
 
     def hash_key(self, key: str) -> str:
-        return hmac.new(self._salt, key.encode(), hashlib.sha256).hexdigest()[:32]
+        return hmac.new(self._salt, key.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]
 
     def register_key(self, key: str, session: str) -> None:
         with self._lock:
@@ -105,8 +112,8 @@ def _claim(path: str, headers: dict[str, str]) -> tuple[tuple[str, str] | None, 
     """The session a request names itself (header, else path prefix), and the path without the prefix."""
     m = _PATH_PREFIX.match(path)
     stripped = (m.group(2) or "/") if m else path
-    if headers.get(SESSION_HEADER):
-        return (_clean(headers[SESSION_HEADER]), "header"), stripped
+    if named := _clean(headers.get(SESSION_HEADER, "")):
+        return (named, "header"), stripped
     if m:
         return (m.group(1), "path"), stripped
     return None, stripped
@@ -115,11 +122,11 @@ def _claim(path: str, headers: dict[str, str]) -> tuple[tuple[str, str] | None, 
 def client_key(headers: dict[str, str]) -> str | None:
     """The credential a client sent, whichever header its provider uses."""
     for name in KEY_HEADERS:
-        if headers.get(name):
-            return headers[name]
-    auth = headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip() or None
+        if key := headers.get(name, "").strip(ASCII_SPACE):
+            return key
+    auth = headers.get("authorization", "").strip(ASCII_SPACE)
+    if auth[:7].isascii() and auth[:7].lower() == "bearer ":
+        return auth[7:].lstrip(ASCII_SPACE) or None
     return auth or None
 
 
@@ -129,4 +136,6 @@ def redact(headers: dict[str, str]) -> dict[str, str]:
 
 
 def _clean(session: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._:-]", "_", session.strip())[:128] or "unnamed"
+    """A header's session name: byte by byte (mitmproxy's str holds the bytes surrogate-escaped), as haproxy sees it."""
+    raw = session.strip(ASCII_SPACE).encode("utf-8", "surrogateescape")
+    return _NOT_IN_ID.sub(b"_", raw)[:128].decode("ascii")

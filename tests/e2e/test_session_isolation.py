@@ -103,6 +103,28 @@ def test_unbound_clients_may_name_their_session(stack):
     assert [r["status"] for r in stack.rows(session)] == ["ok"]
 
 
+@pytest.mark.parametrize(("lines", "named"), [
+    ([(b"x-polar-session", b"caf\xe9 \xc3\xa9")], "caf____"),  # bytes outside the id alphabet, one "_" each
+    ([(b"x-polar-session", b"first"), (b"x-polar-session", b"second")], "second"),  # repeated: the last line
+    ([(b"x-api-key", b"sk-\x80\xff")], None),  # a key that is not UTF-8 still names one session
+    ([(b"authorization", b"Bearer \xc3")], None),
+])
+def test_any_bytes_in_naming_headers_are_served_and_captured(stack, lines, named):
+    """The names the `--workers` front hashes by (tests/mitm/test_front.py), end to end: answered, captured,
+    the same session on a second call."""
+    stack.script(steps=[{"content": ANSWER}, {"content": ANSWER}])
+    body = {"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]}
+    sessions = set()
+    for _ in range(2):
+        resp = httpx.post(f"{stack.url}/v1/chat/completions", json=body, headers=lines, timeout=60)
+        assert resp.status_code == 200, resp.text
+        sessions.add(resp.headers[SESSION_HEADER])
+    (session,) = sessions
+    assert session == named if named else session.startswith("key-")
+    rows = stack.rows(session)
+    assert [r["status"] for r in rows][-2:] == ["ok", "ok"]
+
+
 def test_a_session_does_not_inherit_another_sessions_tokens(stack, bound):
     """B replays A's whole conversation: polar builds B's prompt on its own, never on A's rows."""
     keys, sessions = bound
