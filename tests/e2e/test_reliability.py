@@ -1,8 +1,15 @@
-"""Capture integrity under load and across a SIGKILL of the proxy."""
+"""Capture integrity under load and across a SIGKILL of the proxy.
+
+The second SIGKILL test is the storage path's: sessions whose request bodies grow turn by turn and whose
+answers are over bodies.ANSWER_APART (both stored as splices of the session's earlier bodies, in memory
+only once committed), streamed and not, killed mid-load twice: every call a client saw answered reads
+back byte for byte as sent and as received.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sqlite3
@@ -12,6 +19,7 @@ import uuid
 
 import httpx
 
+from polar.capture.bodies import ANSWER_APART
 from polar.capture.reader import CaptureReader
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 
@@ -101,3 +109,61 @@ def test_sigkill_mid_load_keeps_committed_rows_and_marks_the_rest(double_server,
         assert all(r["error_kind"] == "interrupted" for r in interrupted)
     finally:
         restarted.stop()
+
+
+LONG_ANSWER = " ".join(f"line {i}: the same long answer every turn, as an echo of tools and settings is." for i in range(160))
+
+
+def _growing_session(url: str, name: str, stream: bool, stop: threading.Event, seen: dict) -> None:
+    """Turns of one growing conversation until the proxy dies; `seen[call_id] = (request sent, answer got)`."""
+    messages = [{"role": "user", "content": f"start {name}"}]
+    with httpx.Client(timeout=60) as client:
+        while not stop.is_set():
+            body = json.dumps({**BODY, "max_tokens": 4096, "stream": stream, "messages": messages}).encode()
+            try:
+                resp = client.post(f"{url}/v1/messages", content=body,
+                                   headers={"x-polar-session": name, "content-type": "application/json"})
+            except httpx.HTTPError:
+                return  # the proxy is gone (a stream cut short is no answer)
+            if resp.status_code != 200:
+                return
+            seen[resp.headers["x-polar-call-id"]] = (body, resp.content)
+            messages = messages + [{"role": "assistant", "content": LONG_ANSWER},
+                                   {"role": "user", "content": f"tool output {len(messages)} " * 40}]
+            if len(messages) > 15:  # a fresh session now and then: keyframes as well as splices
+                name, messages = f"{name}+", messages[:1]
+
+
+def test_sigkill_keeps_every_spliced_body_byte_for_byte(double_server, tokenizer_dir, tmp_path):
+    _, upstream = double_server
+    httpx.post(f"{upstream}/_double/script", json={"steps": [{"content": LONG_ANSWER}]}).raise_for_status()
+    db = tmp_path / "captures.db"
+    seen: dict[str, tuple[bytes, bytes]] = {}
+    for run in range(2):  # the second run continues the same database after the first kill
+        proxy = SubprocessProxy(ProxyConfig(upstream=upstream, db=str(db), port=free_port(), tokenizer=str(tokenizer_dir)))
+        proxy.start()
+        stop = threading.Event()
+        threads = [threading.Thread(target=_growing_session, args=(proxy.url, f"r{run}-s{n}", n % 2 == 1, stop, seen))
+                   for n in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(6)
+        os.kill(proxy.proc.pid, signal.SIGKILL)
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        proxy.proc.wait(timeout=10)
+
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    splices = conn.execute("SELECT count(*) FROM bodies WHERE head IS NOT NULL").fetchone()[0]
+    answers_apart = conn.execute("SELECT count(*) FROM calls WHERE response_body_id IS NOT NULL").fetchone()[0]
+    rows = {r["call_id"]: r for r in CaptureReader(db).calls()}
+    streamed = sum(json.loads(sent)["stream"] for sent, _ in seen.values())
+    assert len(seen) > 40 and 0 < streamed < len(seen), (len(seen), streamed)
+    assert splices > 20 and answers_apart > 20, (splices, answers_apart)
+    for call_id, (sent, got) in seen.items():  # every answer a client saw was committed first, bodies intact
+        row = rows[call_id]
+        assert row["status"] == "ok"
+        assert row["request_body"] == sent, call_id
+        assert len(got) > ANSWER_APART and row["response_body"] == got, call_id
