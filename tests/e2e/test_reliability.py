@@ -62,6 +62,18 @@ def test_256_concurrent_sessions_capture_every_call_once(stack):
     assert linked == 256
 
 
+def _kill_mid_load(proxy: SubprocessProxy, stop: threading.Event, clients: list[threading.Thread], seconds: float) -> None:
+    """Run the clients against the proxy for `seconds`, SIGKILL it, and wait for every client to see it gone."""
+    for t in clients:
+        t.start()
+    time.sleep(seconds)
+    os.kill(proxy.proc.pid, signal.SIGKILL)
+    stop.set()
+    for t in clients:
+        t.join(timeout=60)
+    proxy.proc.wait(timeout=10)
+
+
 def test_sigkill_mid_load_keeps_committed_rows_and_marks_the_rest(double_server, tmp_path):
     _, upstream = double_server
     httpx.post(f"{upstream}/_double/script", json={"steps": [{"content": "ok"}]}).raise_for_status()
@@ -82,15 +94,7 @@ def test_sigkill_mid_load_keeps_committed_rows_and_marks_the_rest(double_server,
                 if resp.status_code == 200:
                     answered.append(resp.headers["x-polar-call-id"])
 
-    threads = [threading.Thread(target=client_loop, args=(n,)) for n in range(16)]
-    for t in threads:
-        t.start()
-    time.sleep(3)
-    os.kill(proxy.proc.pid, signal.SIGKILL)
-    stop.set()
-    for t in threads:
-        t.join(timeout=30)
-    proxy.proc.wait(timeout=10)
+    _kill_mid_load(proxy, stop, [threading.Thread(target=client_loop, args=(n,)) for n in range(16)], seconds=3)
     assert len(answered) > 10
 
     restarted = SubprocessProxy(ProxyConfig(upstream=upstream, db=str(db), port=free_port()))
@@ -143,16 +147,8 @@ def test_sigkill_keeps_every_spliced_body_byte_for_byte(double_server, tokenizer
         proxy = SubprocessProxy(ProxyConfig(upstream=upstream, db=str(db), port=free_port(), tokenizer=str(tokenizer_dir)))
         proxy.start()
         stop = threading.Event()
-        threads = [threading.Thread(target=_growing_session, args=(proxy.url, f"r{run}-s{n}", n % 2 == 1, stop, seen))
-                   for n in range(8)]
-        for t in threads:
-            t.start()
-        time.sleep(6)
-        os.kill(proxy.proc.pid, signal.SIGKILL)
-        stop.set()
-        for t in threads:
-            t.join(timeout=60)
-        proxy.proc.wait(timeout=10)
+        _kill_mid_load(proxy, stop, [threading.Thread(target=_growing_session, args=(
+            proxy.url, f"r{run}-s{n}", n % 2 == 1, stop, seen)) for n in range(8)], seconds=6)
 
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
