@@ -40,13 +40,16 @@ log = logging.getLogger("polar.addon")
 
 
 def gateway_headers(headers: http.Headers) -> dict[str, str]:
-    """The request's headers by lower-case name. A repeated header is joined (HTTP's list rule), except the
-    ones that name a session: of those the last line counts, as in the `--workers` front (haproxy's fhdr)."""
-    joined = {k.lower(): v for k, v in headers.items()}
-    if len(joined) < len(headers.fields):  # some name repeats (rare): never a scan per call otherwise
-        for name in IDENTITY_HEADERS:
-            if len(lines := headers.get_all(name)) > 1:
-                joined[name] = lines[-1]
+    """The request's headers by lower-case name, in one pass over the lines (mitmproxy's `items()` scans
+    every line once per name). A repeated header is joined (HTTP's list rule), except the ones that name a
+    session: of those the last line counts, as in the `--workers` front (haproxy's fhdr)."""
+    joined: dict[str, str] = {}
+    for raw_name, raw_value in headers.fields:
+        name = raw_name.decode("utf-8", "surrogateescape").lower()  # as mitmproxy decodes them
+        value = raw_value.decode("utf-8", "surrogateescape")
+        if name in joined and name not in IDENTITY_HEADERS:
+            value = f"{joined[name]}, {value}"
+        joined[name] = value
     return joined
 
 WRITER_OPTIONS = {"polar_db", "polar_db_sync", "polar_db_busy_timeout"}
