@@ -21,6 +21,7 @@ ErrorKind = Literal[
     "upstream_timeout",
     "upstream_error",  # upstream answered 5xx or garbage
     "internal",  # a bug in polar: still answered in the provider's shape
+    "stopping",  # polar itself is shutting down (SIGTERM): retry, another process or the restarted one serves it
 ]
 
 # The HTTP status polar answers with for each kind (a provider may map kinds per its own docs).
@@ -36,6 +37,7 @@ STATUS: dict[str, int] = {
     "upstream_timeout": 504,
     "upstream_error": 502,
     "internal": 500,
+    "stopping": 503,
 }
 
 

@@ -115,6 +115,7 @@ class StreamingCall:
         self._reader: asyncio.Task | None = None
         self._active = time.monotonic()  # when the client last got something
         self._watchdog: asyncio.TimerHandle | None = None
+        self._stopped: GatewayError | None = None  # polar is stopping (`stop`): the error event that ends the answer
 
     async def begin(self) -> HttpReply | None:
         """Wait up to `keepalive_s` for the upstream to take the request. None: stream the body. Else the
@@ -141,6 +142,8 @@ class StreamingCall:
             raise RuntimeError("a streamed answer can be read once")
         self.started = True
         try:
+            if self._stopped is not None:
+                raise self._stopped
             if not self.begun:
                 await self.upstream.accepted(None)  # (a late refusal raises: the stream's error event)
             opening = self.renderer.opening(self.upstream.prompt_tokens)
@@ -202,6 +205,21 @@ class StreamingCall:
         if self.settled or self._cleanup is not None:
             return
         self._cleanup = asyncio.get_running_loop().create_task(self._record_disconnect())
+
+    def stop(self, err: GatewayError) -> None:
+        """polar is stopping: end the answer now with `err` as the provider's error event, after what the client
+        was sent; the row keeps every token sampled so far. A stream no client reads yet ends so when it is read
+        (or is abandoned unread, as any)."""
+        if self.settled or self._stopped is not None:
+            return
+        self._stopped = err
+        if not self.started:
+            return
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._chunks.full():  # a client thousands of chunks behind: it loses the oldest batch, not the end
+            self._chunks.get_nowait()
+        self._chunks.put_nowait(err)
 
     async def wait_settled(self) -> None:
         """Until the call's row is committed (or could not be) and its upstream is closed."""

@@ -30,9 +30,10 @@ from polar.capture.writer import CaptureWriter
 from polar.errors import GatewayError
 from polar.gateway.gate import SamplingGate
 from polar.gateway.pipeline import Gateway, GatewayReply, GatewayRequest
-from polar.gateway.streaming import StreamReply
+from polar.gateway.streaming import StreamingCall, StreamReply
 from polar.mitm.contentview import PolarContentview
 from polar.mitm.relay import StreamRelay
+from polar.mitm.shutdown import DRAIN_S
 from polar.sessions.identity import IDENTITY_HEADERS, REDACTED, SECRET_HEADERS, SessionRegistry
 from polar.upstream.vllm_chat import VLLMChat
 
@@ -89,6 +90,8 @@ class PolarAddon:
         self._calls: dict[int, int] = {}  # id(gateway) → calls in flight on it (a stream until it settles)
         self._retired: list[Gateway] = []
         self.relay = StreamRelay()
+        self.stopping = False  # polar is shutting down (mitm/shutdown.py): new calls are refused
+        self._streams: set[StreamingCall] = set()  # streamed answers in flight, to end them when polar stops
 
     @property
     def registry(self) -> SessionRegistry | None:
@@ -125,6 +128,11 @@ class PolarAddon:
             "polar_client_addr_header", str, "",
             "Header naming the client's address, set by polar's own front (`polar proxy --workers`); '' = the "
             "connection's peer. Only for a proxy no client reaches directly: a client could claim any address.",
+        )
+        loader.add_option(
+            "polar_drain", int, DRAIN_S,
+            "Seconds calls in flight may go on once polar is told to stop (SIGTERM, SIGINT); then a stream ends with "
+            "its provider's error event and a call waiting upstream with an error answer, each captured.",
         )
         loader.add_option(
             "polar_stream_keepalive", int, 5,
@@ -183,6 +191,11 @@ class PolarAddon:
         if flow.response is not None or self.gateway is None:
             return
         req = flow.request
+        if self.stopping:  # not captured: nothing reached the model
+            err = GatewayError("stopping", "polar is shutting down and takes no new calls; retry the call")
+            reply = self.gateway.providers.guess(req.path.split("?", 1)[0], gateway_headers(req.headers)).render_error(err)
+            flow.response = http.Response.make(reply.status, reply.body, {**reply.headers, "connection": "close"})
+            return
         try:
             body = req.get_content(strict=False) or b""
         except ValueError:  # undecodable content-encoding: hand over the raw bytes
@@ -220,6 +233,7 @@ class PolarAddon:
             req.headers[name] = REDACTED
         flow.metadata["polar"] = out.meta
         if isinstance(out.reply, StreamReply):  # the gateway is in use until the stream settles
+            self._streams.add(out.reply.call)
             asyncio.get_running_loop().create_task(self._release_after(gateway, out.reply))
             await self.relay.hand_over(flow, out.reply)
             return
@@ -261,6 +275,7 @@ class PolarAddon:
         try:
             await reply.call.wait_settled()
         finally:
+            self._streams.discard(reply.call)
             self._release(gateway)
 
     def _close_idle(self) -> None:
@@ -277,7 +292,29 @@ class PolarAddon:
                 except RuntimeError:
                     pass  # configured outside a loop (a test by hand): its client goes with it
 
+    def in_flight(self) -> int:
+        """Calls answering now, a stream until its row is committed."""
+        return sum(self._calls.values())
+
+    async def stop_calls(self, settle_s: float = 10.0) -> None:
+        """End every call still in flight, each captured: streams with their provider's error event, calls
+        waiting upstream with an error answer (their upstream client closes). Waits up to `settle_s` for
+        their rows."""
+        self.stopping = True
+        err = GatewayError("stopping", "polar was stopped during this answer; the tokens sampled so far are "
+                                       "captured; retry the call")
+        for call in list(self._streams):
+            call.stop(err)
+        deadline = asyncio.get_running_loop().time() + settle_s
+        while self._streams and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        for gateway in [g for g in [self.gateway, *self._retired] if g is not None]:
+            await gateway.backend.aclose()
+        while self.in_flight() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+
     async def done(self) -> None:
+        await self.stop_calls()  # (a drain has already let them finish: mitm/shutdown.py)
         await self.relay.stop()
         gateways = [*self._retired, self.gateway]
         for backend in {id(g.backend): g.backend for g in gateways if g is not None}.values():

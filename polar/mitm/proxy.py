@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from polar.mitm import shutdown
 from polar.mitm.addon import PolarAddon
 from polar.mitm.master import LeanMaster
 
@@ -83,7 +84,11 @@ async def serve(config: ProxyConfig, ready: threading.Event | None = None, holde
         holder["master"], holder["addon"] = master, addon
     if ready is not None:
         asyncio.get_running_loop().call_later(0.3, ready.set)
-    await master.run()
+    shutdown.install(master, addon)  # SIGTERM / SIGINT: drain, then stop (mitm/shutdown.py)
+    try:
+        await master.run()
+    finally:
+        asyncio.get_running_loop().set_exception_handler(shutdown.quiet_cancelled)
 
 
 class BackgroundProxy:

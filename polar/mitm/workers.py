@@ -24,10 +24,13 @@ from pathlib import Path
 from polar.capture.shards import shard_path
 from polar.mitm.front import CLIENT_ADDR_HEADER, haproxy_binary, haproxy_config
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, die_with_parent, free_port
+from polar.mitm.shutdown import DRAIN_S
 
 # Children in a session of their own: a Ctrl-C reaches the supervisor alone, which then stops them in
 # order (front first), instead of racing them to their deaths and reporting one as a failure.
 _CHILD = {"preexec_fn": die_with_parent, "start_new_session": True}
+_STOP_MARGIN_S = 15  # past a worker's drain: ending what is left, closing the writer
+_FRONT_FLUSH_S = 2.0
 
 
 @dataclass
@@ -125,17 +128,35 @@ class WorkerSet:
             self.stop()
 
     def stop(self) -> None:
-        """The front first (no new calls reach a stopping worker), then every worker."""
-        for child in reversed(self.children):
-            if child.proc.poll() is None:
-                child.proc.terminate()
-        for child in reversed(self.children):
-            try:
-                child.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait(timeout=10)
+        """The front first takes no new connections (haproxy's soft stop), every worker drains its calls in flight
+        (`polar_drain` seconds) and exits; then the front, whose connections are all idle by then, stops too
+        (soft stop alone waits on a client's idle keep-alive connection). Past the drain and a margin, kill."""
+        front, workers = self.children[len(self.workers):], self.children[: len(self.workers)]
+        _signal(front, signal.SIGUSR1)
+        _signal(workers, signal.SIGTERM)
+        _wait(workers, int(self.config.extra.get("polar_drain", DRAIN_S)) + _STOP_MARGIN_S)
+        _wait(front, _FRONT_FLUSH_S, then=signal.SIGTERM)  # answers haproxy still writes to slow clients
+        _wait(front, _STOP_MARGIN_S)
         self._dir.cleanup()
+
+
+def _signal(children: list[Child], signum: int) -> None:
+    for child in children:
+        if child.proc.poll() is None:
+            child.proc.send_signal(signum)
+
+
+def _wait(children: list[Child], seconds: float, then: int = signal.SIGKILL) -> None:
+    """Wait for the children to exit, `seconds` in all; then send `then` to those still running (a kill is
+    waited for)."""
+    deadline = time.monotonic() + seconds
+    for child in children:
+        try:
+            child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.proc.send_signal(then)
+            if then == signal.SIGKILL:
+                child.proc.wait(timeout=10)
 
 
 class ChildDied(RuntimeError):

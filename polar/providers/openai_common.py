@@ -28,6 +28,7 @@ _ERROR_SHAPES: dict[str, tuple[str, str | None]] = {
     "upstream_timeout": ("server_error", "timeout"),
     "upstream_error": ("server_error", None),
     "internal": ("server_error", None),
+    "stopping": ("server_error", None),
 }
 
 # Longest streamed delta: a few tokens' worth, as OpenAI streams about a token per delta.

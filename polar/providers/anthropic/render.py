@@ -24,6 +24,7 @@ ERRORS: dict[str, tuple[str, int]] = {
     "upstream_timeout": ("timeout_error", 504),
     "upstream_error": ("api_error", 502),
     "internal": ("api_error", 500),
+    "stopping": ("overloaded_error", 529),  # the SDKs retry it
 }
 
 # Claude Code looks for this prefix to decide that a conversation needs compacting.

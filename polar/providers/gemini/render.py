@@ -33,6 +33,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "internal": (500, "INTERNAL"),
     "upstream_unavailable": (503, "UNAVAILABLE"),
     "upstream_timeout": (504, "DEADLINE_EXCEEDED"),
+    "stopping": (503, "UNAVAILABLE"),
 }
 
 

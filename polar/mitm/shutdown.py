@@ -1,0 +1,79 @@
+"""Stopping `polar proxy` on SIGTERM or SIGINT without losing a call.
+
+Both signals stop it, as they stop mitmdump; SIGTERM is what `docker stop`, Kubernetes and polar's own
+`--workers` supervisor send. The first signal drains: new calls are refused with a 503 in their provider's
+shape (the SDKs retry: another process, or this one restarted, serves them), and the calls in flight go on
+for up to `polar_drain` seconds. Any still running then are ended, each captured with what was sampled: a
+stream with its provider's error event, a call waiting upstream with an error answer (the addon's
+`stop_calls`). Then mitmproxy shuts down: the relay, the upstream client and the capture writer close, and
+the process exits 0. A second signal cuts the wait short.
+
+Without this, SIGTERM killed the process outright: a stream in flight was cut mid-event and its row stayed
+`pending` until a writer next opened the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from typing import Any
+
+from mitmproxy import ctx
+
+log = logging.getLogger("polar.shutdown")
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# `polar_drain`'s default: under Kubernetes' default grace of 30 s, with time left to end the rest. docker
+# stop's default is 10 s: there set polar_drain below it (or give docker stop -t more).
+DRAIN_S = 20
+# mitmproxy sends an answer once the addon's hook returns, and has no hook for "sent": the last answers
+# get this long on a running loop (local writes) before shutting down cancels the connections' tasks.
+_WRITE_S = 0.2
+
+
+def install(master: Any, addon: Any) -> None:
+    """Stop gracefully on the first signal, at once on the second (signal handlers: the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # an in-process proxy (BackgroundProxy): its owner stops it
+    loop = asyncio.get_running_loop()
+    cut_short = asyncio.Event()
+    tasks: list[asyncio.Task] = []
+
+    def on_signal(signum: int) -> None:
+        if tasks:
+            log.warning("polar: %s again: stopping now", signal.Signals(signum).name)
+            cut_short.set()
+            return
+        log.warning("polar: %s: no new calls; waiting up to %d s for %d in flight", signal.Signals(signum).name,
+                    ctx.options.polar_drain, addon.in_flight())
+        tasks.append(loop.create_task(_stop(master, addon, ctx.options.polar_drain, cut_short)))
+
+    for signum in SIGNALS:
+        loop.add_signal_handler(signum, on_signal, signum)
+
+
+async def _stop(master: Any, addon: Any, drain_s: float, cut_short: asyncio.Event) -> None:
+    addon.stopping = True
+    try:
+        await asyncio.wait_for(_drained(addon, cut_short), timeout=drain_s)
+    except TimeoutError:
+        pass
+    if addon.in_flight():
+        log.warning("polar: ending %d calls still in flight", addon.in_flight())
+        await addon.stop_calls()  # while mitmproxy still serves: each answer reaches its client
+        await asyncio.sleep(_WRITE_S)
+    master.shutdown()  # then the addon's `done` closes the relay, the upstream client and the writer
+
+
+async def _drained(addon: Any, cut_short: asyncio.Event) -> None:
+    while addon.in_flight() and not cut_short.is_set():
+        await asyncio.sleep(0.05)
+
+
+def quiet_cancelled(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's error handler once polar has stopped: connections still open (a client's idle keep-alive)
+    are cancelled as the loop closes, and asyncio would print each handler's CancelledError as an error."""
+    if not isinstance(context.get("exception"), asyncio.CancelledError):
+        loop.default_exception_handler(context)
