@@ -46,9 +46,11 @@ class UpstreamHTTP:
         self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=timeout)
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     def _client(self) -> aiohttp.ClientSession:
         # Created lazily: an aiohttp session belongs to the event loop it is first used on.
+        self._refuse_if_closed()
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 headers=self._headers,
@@ -60,6 +62,9 @@ class UpstreamHTTP:
         return self._session
 
     async def aclose(self) -> None:
+        """Close for good (polar is stopping, or this backend was replaced): calls still waiting fail as
+        `stopping`, and nothing is sent upstream again."""
+        self._closed = True
         if self._session is not None:
             await self._session.close()
 
@@ -81,13 +86,10 @@ class UpstreamHTTP:
             except aiohttp.ServerDisconnectedError:
                 # A pooled keep-alive socket closed by the server as we wrote: nothing was answered,
                 # so one retry on a fresh connection cannot duplicate a result the client saw.
+                self._refuse_if_closed()  # (not when polar closed it: that is no server, and no retry)
                 status, raw = await self._send(method, url, body)
-        except asyncio.TimeoutError:
-            raise GatewayError("upstream_timeout", f"the upstream {url} did not answer in time") from None
-        except aiohttp.ClientConnectorError as exc:
-            raise GatewayError("upstream_unavailable", f"cannot connect to the upstream {url}: {exc}") from None
-        except aiohttp.ClientError as exc:  # reset mid-body, protocol errors
-            raise GatewayError("upstream_error", f"the upstream {url} broke off: {type(exc).__name__}: {exc}") from None
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            raise self._failure(url, exc) from None
         try:
             data = read(raw) if status < 400 else response_json(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -108,26 +110,41 @@ class UpstreamHTTP:
             try:
                 resp = await self._client().post(url, timeout=self._stream_timeout, **_json(body))
             except aiohttp.ServerDisconnectedError:  # a pooled socket closed as we wrote: nothing was sampled
+                self._refuse_if_closed()
                 resp = await self._client().post(url, timeout=self._stream_timeout, **_json(body))
             if resp.status < 400:
                 return resp
             raw = await resp.read()
             resp.release()
-        except asyncio.TimeoutError:
-            raise GatewayError("upstream_timeout", f"the upstream {url} did not answer in time") from None
-        except aiohttp.ClientConnectorError as exc:
-            raise GatewayError("upstream_unavailable", f"cannot connect to the upstream {url}: {exc}") from None
-        except aiohttp.ClientError as exc:
-            raise GatewayError("upstream_error", f"the upstream {url} broke off: {type(exc).__name__}: {exc}") from None
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            raise self._failure(url, exc) from None
         try:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             data = raw[:200].decode(errors="replace")
         raise status_error(resp.status, data, url)
 
+    def _failure(self, url: str, exc: BaseException) -> GatewayError:
+        """What a failed upstream request tells the client (and its row)."""
+        if self._closed:
+            return _stopped()
+        if isinstance(exc, asyncio.TimeoutError):
+            return GatewayError("upstream_timeout", f"the upstream {url} did not answer in time")
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            return GatewayError("upstream_unavailable", f"cannot connect to the upstream {url}: {exc}")
+        return GatewayError("upstream_error", f"the upstream {url} broke off: {type(exc).__name__}: {exc}")  # reset, protocol
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise _stopped()
+
     async def _send(self, method: str, url: str, body: Any) -> tuple[int, bytes]:
         async with self._client().request(method, url, **_json(body)) as resp:
             return resp.status, await resp.read()
+
+
+def _stopped() -> GatewayError:
+    return GatewayError("stopping", "polar was stopped while this call waited upstream; retry the call")
 
 
 def status_error(status: int, data: Any, url: str) -> GatewayError:

@@ -115,6 +115,7 @@ def test_past_the_drain_a_stream_ends_with_its_error_event_and_keeps_its_tokens(
 
 def test_past_the_drain_a_plain_call_gets_an_error_answer_and_a_row(paced, tmp_path, tokenizer_dir):
     proxy = start(paced, tmp_path, 1, tokenizer_dir)
+    httpx.delete(f"{paced}/_double/requests").raise_for_status()
     out: dict = {}
 
     def call() -> None:
@@ -132,9 +133,13 @@ def test_past_the_drain_a_plain_call_gets_an_error_answer_and_a_row(paced, tmp_p
     proxy.proc.send_signal(signal.SIGTERM)
     assert proxy.proc.wait(30) == 0
     thread.join(30)
-    assert isinstance(out.get("error"), anthropic.APIStatusError), out  # an answer in the caller's shape
+    error = out.get("error")  # an answer in the caller's shape, retryable, saying why
+    assert isinstance(error, anthropic.APIStatusError) and error.body["error"]["type"] == "overloaded_error", out
+    assert "stopped while this call waited upstream" in error.message
     (row,) = rows(proxy.config.db)
-    assert row["status"] == "error" and row["error"], row  # recorded, not left pending
+    assert (row["status"], row["error_kind"]) == ("error", "stopping"), row  # recorded, not left pending
+    generated = [r for r in httpx.get(f"{paced}/_double/requests").json() if r["body"].get("token_ids")]
+    assert len(generated) == 1  # not sent again when polar closed its client (a retry would start a second answer)
 
 
 def test_a_second_signal_stops_at_once(paced, tmp_path, tokenizer_dir):
