@@ -226,9 +226,16 @@ class SubprocessProxy:
         raise RuntimeError(f"polar proxy did not start listening on {self.url}")
 
     def stop(self) -> None:
+        """SIGTERM: polar drains its calls in flight (mitm/shutdown.py); killed if it outlasts the drain."""
+        import subprocess
+
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(timeout=30)
+            try:
+                self.proc.wait(timeout=shutdown.stop_wait_s(self.config.extra))
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
 
 
 def free_port() -> int:

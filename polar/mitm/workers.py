@@ -24,12 +24,11 @@ from pathlib import Path
 from polar.capture.shards import shard_path
 from polar.mitm.front import CLIENT_ADDR_HEADER, haproxy_binary, haproxy_config
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, die_with_parent, free_port
-from polar.mitm.shutdown import DRAIN_S
+from polar.mitm.shutdown import STOP_MARGIN_S, stop_wait_s
 
 # Children in a session of their own: a Ctrl-C reaches the supervisor alone, which then stops them in
 # order (front first), instead of racing them to their deaths and reporting one as a failure.
 _CHILD = {"preexec_fn": die_with_parent, "start_new_session": True}
-_STOP_MARGIN_S = 15  # past a worker's drain: ending what is left, closing the writer
 _FRONT_FLUSH_S = 2.0
 
 
@@ -134,9 +133,9 @@ class WorkerSet:
         front, workers = self.children[len(self.workers):], self.children[: len(self.workers)]
         _signal(front, signal.SIGUSR1)
         _signal(workers, signal.SIGTERM)
-        _wait(workers, int(self.config.extra.get("polar_drain", DRAIN_S)) + _STOP_MARGIN_S)
+        _wait(workers, stop_wait_s(self.config.extra))
         _wait(front, _FRONT_FLUSH_S, then=signal.SIGTERM)  # answers haproxy still writes to slow clients
-        _wait(front, _STOP_MARGIN_S)
+        _wait(front, STOP_MARGIN_S)
         self._dir.cleanup()
 
 
