@@ -308,17 +308,16 @@ class PolarAddon:
         deadline = asyncio.get_running_loop().time() + settle_s
         while self._streams and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.02)
-        for gateway in [g for g in [self.gateway, *self._retired] if g is not None]:
-            await gateway.backend.aclose()
+        gateways = [g for g in [self.gateway, *self._retired] if g is not None]
+        for backend in {id(g.backend): g.backend for g in gateways}.values():
+            await backend.aclose()
         while self.in_flight() and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.02)
 
     async def done(self) -> None:
-        await self.stop_calls()  # (a drain has already let them finish: mitm/shutdown.py)
+        await self.stop_calls()  # ends what a drain left, closes every upstream client (mitm/shutdown.py)
         await self.relay.stop()
         gateways = [*self._retired, self.gateway]
-        for backend in {id(g.backend): g.backend for g in gateways if g is not None}.values():
-            await backend.aclose()
         for writer in {id(g.writer): g.writer for g in gateways if g is not None}.values():
             writer.close()
 

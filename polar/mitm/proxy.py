@@ -227,15 +227,9 @@ class SubprocessProxy:
 
     def stop(self) -> None:
         """SIGTERM: polar drains its calls in flight (mitm/shutdown.py); killed if it outlasts the drain."""
-        import subprocess
-
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            try:
-                self.proc.wait(timeout=shutdown.stop_wait_s(self.config.extra))
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+            shutdown.wait_or_signal(self.proc, shutdown.stop_wait_s(self.config.extra))
 
 
 def free_port() -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import subprocess
 import threading
 from typing import Any
 
@@ -29,14 +30,24 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # stop's default is 10 s: there set polar_drain below it (or give docker stop -t more).
 DRAIN_S = 20
 STOP_MARGIN_S = 15  # past the drain: ending what is left and closing the writer, before a supervisor kills
+# mitmproxy sends an answer once the addon's hook returns, and has no hook for "sent": the last answers
+# get this long on a running loop (local writes) before shutting down cancels the connections' tasks.
+_WRITE_S = 0.2
 
 
 def stop_wait_s(options: dict[str, Any]) -> int:
     """How long a supervisor waits for a stopped `polar proxy` with these `--set` options before killing it."""
     return int(options.get("polar_drain", DRAIN_S)) + STOP_MARGIN_S
-# mitmproxy sends an answer once the addon's hook returns, and has no hook for "sent": the last answers
-# get this long on a running loop (local writes) before shutting down cancels the connections' tasks.
-_WRITE_S = 0.2
+
+
+def wait_or_signal(proc: subprocess.Popen, seconds: float, then: int = signal.SIGKILL) -> None:
+    """Wait up to `seconds` for a stopping child; then send it `then` (a kill is waited for)."""
+    try:
+        proc.wait(timeout=max(0.1, seconds))
+    except subprocess.TimeoutExpired:
+        proc.send_signal(then)
+        if then == signal.SIGKILL:
+            proc.wait(timeout=10)
 
 
 def install(master: Any, addon: Any) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from polar.capture.shards import shard_path
 from polar.mitm.front import CLIENT_ADDR_HEADER, haproxy_binary, haproxy_config
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, die_with_parent, free_port
-from polar.mitm.shutdown import STOP_MARGIN_S, stop_wait_s
+from polar.mitm.shutdown import STOP_MARGIN_S, stop_wait_s, wait_or_signal
 
 # Children in a session of their own: a Ctrl-C reaches the supervisor alone, which then stops them in
 # order (front first), instead of racing them to their deaths and reporting one as a failure.
@@ -146,16 +146,10 @@ def _signal(children: list[Child], signum: int) -> None:
 
 
 def _wait(children: list[Child], seconds: float, then: int = signal.SIGKILL) -> None:
-    """Wait for the children to exit, `seconds` in all; then send `then` to those still running (a kill is
-    waited for)."""
+    """Wait for the children to exit, `seconds` in all; then send `then` to those still running."""
     deadline = time.monotonic() + seconds
     for child in children:
-        try:
-            child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.proc.send_signal(then)
-            if then == signal.SIGKILL:
-                child.proc.wait(timeout=10)
+        wait_or_signal(child.proc, deadline - time.monotonic(), then)
 
 
 class ChildDied(RuntimeError):

@@ -50,7 +50,8 @@ class UpstreamHTTP:
 
     def _client(self) -> aiohttp.ClientSession:
         # Created lazily: an aiohttp session belongs to the event loop it is first used on.
-        self._refuse_if_closed()
+        if self._closed:  # closed for good: nothing is sent upstream again
+            raise _stopped()
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 headers=self._headers,
@@ -85,8 +86,8 @@ class UpstreamHTTP:
                 status, raw = await self._send(method, url, body)
             except aiohttp.ServerDisconnectedError:
                 # A pooled keep-alive socket closed by the server as we wrote: nothing was answered,
-                # so one retry on a fresh connection cannot duplicate a result the client saw.
-                self._refuse_if_closed()  # (not when polar closed it: that is no server, and no retry)
+                # so one retry on a fresh connection cannot duplicate a result the client saw. (Not when
+                # polar closed the client itself: `_client` then refuses the retry.)
                 status, raw = await self._send(method, url, body)
         except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
             raise self._failure(url, exc) from None
@@ -110,7 +111,6 @@ class UpstreamHTTP:
             try:
                 resp = await self._client().post(url, timeout=self._stream_timeout, **_json(body))
             except aiohttp.ServerDisconnectedError:  # a pooled socket closed as we wrote: nothing was sampled
-                self._refuse_if_closed()
                 resp = await self._client().post(url, timeout=self._stream_timeout, **_json(body))
             if resp.status < 400:
                 return resp
@@ -133,10 +133,6 @@ class UpstreamHTTP:
         if isinstance(exc, aiohttp.ClientConnectorError):
             return GatewayError("upstream_unavailable", f"cannot connect to the upstream {url}: {exc}")
         return GatewayError("upstream_error", f"the upstream {url} broke off: {type(exc).__name__}: {exc}")  # reset, protocol
-
-    def _refuse_if_closed(self) -> None:
-        if self._closed:
-            raise _stopped()
 
     async def _send(self, method: str, url: str, body: Any) -> tuple[int, bytes]:
         async with self._client().request(method, url, **_json(body)) as resp:
