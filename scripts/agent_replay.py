@@ -216,6 +216,7 @@ class Session:
     stream: bool
     body: dict[str, Any] = field(default_factory=dict)
     turns: int = 0
+    tool_bytes: int = 2000  # each tool result's size
 
     def __post_init__(self) -> None:
         self.body = copy.deepcopy(self.api.fixture.first)
@@ -232,5 +233,6 @@ class Session:
         calls = self.api.tool_calls(answer)
         if not calls:
             raise ValueError(f"turn {self.turns + 1}: the answer has no tool call: {json.dumps(answer)[:300]}")
-        self.api.append(self.body, answer, [tool_output(self.number, self.turns * 10 + k) for k in range(len(calls))])
+        self.api.append(self.body, answer, [tool_output(self.number, self.turns * 10 + k, self.tool_bytes)
+                                                for k in range(len(calls))])
         self.turns += 1

@@ -3,7 +3,7 @@
 
 Each CLI's real first request (data/harness_requests/<cli>.json, scripts/record_harness_requests.py) starts
 --sessions sessions at once; every turn appends the answer the client received (parsed from that provider's
-response, streamed or not) and ~2 KB of tool output in the CLI's own tool-result shape (scripts/agent_replay.py),
+response, streamed or not) and ~2 KB (--tool-bytes) of tool output in the CLI's own tool-result shape (scripts/agent_replay.py),
 for --turns turns. The same upstream serves every target (scripts/bench_upstream.py: the scripted vLLM double,
 real tokenizer, whose script makes every turn think, say a line and call the CLI's shell tool):
   direct      — the request straight to the upstream (OpenAI Chat only: the upstream speaks nothing else), with the
@@ -24,8 +24,8 @@ context), the longest context reached, peak RSS (VmHWM of the process and its ch
 On 2 cores client, proxies and upstream share the CPU: read CPU per call, ratios and the growth over buckets,
 not absolute latency.
 
-    python scripts/bench_agent.py [--cli claude_code codex gemini_cli qwen_code] [--sessions 16] [--turns 120]
-                                  [--buckets 10 30 60 100] [--stream both] [--no-litellm] [--markdown]
+    python scripts/bench_agent.py [--cli claude_code codex gemini_cli qwen_code] [--sessions 16] [--turns 120] [--tool-bytes 2000]
+                                  [--buckets 10 30 60 100] [--stream both] [--no-litellm] [--segment-cache] [--markdown]
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ async def call(client: httpx.AsyncClient, run: Run, session: Session) -> None:
 async def warm(client: httpx.AsyncClient, run: Run) -> None:
     """One untimed first turn in a session of its own (start-up work, first-use caches); a target that cannot
     take the format at all fails here, and its sessions do not run."""
-    session = Session(run.sessions[0].api, -1, run.stream)
+    session = Session(run.sessions[0].api, -1, run.stream, tool_bytes=run.sessions[0].tool_bytes)
     try:
         session.received(await send(client, run, session))
     except (httpx.HTTPError, ValueError, KeyError, StopIteration) as exc:
@@ -291,7 +291,7 @@ def cell(fixture: Fixture, streams: list[bool], args, upstream: core.Service, wo
     work.mkdir(parents=True, exist_ok=True)
     api = api_of(fixture)
     targets = start_targets(args.targets, fixture, work, upstream, args)
-    runs = [Run(fixture.cli, fixture.api, stream, t, [Session(api, n, stream) for n in range(args.sessions)])
+    runs = [Run(fixture.cli, fixture.api, stream, t, [Session(api, n, stream, tool_bytes=args.tool_bytes) for n in range(args.sessions)])
             for stream in streams for t in targets]
     try:
         for stream in streams:
@@ -347,6 +347,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--cli", nargs="+", default=list(DEFAULT_CLIS), help="fixtures to replay (data/harness_requests)")
     ap.add_argument("--sessions", type=int, default=16, help="sessions at once per target (16 to 256)")
     ap.add_argument("--turns", type=int, default=120, help="turns per session (~120 reach 100k tokens)")
+    ap.add_argument("--tool-bytes", type=int, default=2000,
+                    help="each tool result's size (2000: ~900 tokens a turn; 8000 reach 100k tokens in ~40 turns)")
+    ap.add_argument("--segment-cache", action="store_true",
+                    help="the upstream tokenizes what is new only (bench_upstream.py --segment-cache): for runs where "
+                         "its whole-prompt tokenizing would be the wall time; chat-mode targets then gain against vLLM")
     ap.add_argument("--buckets", type=int, nargs="+", default=[10, 30, 60, 100], help="last turn of each bucket")
     ap.add_argument("--stream", choices=["no", "yes", "both"], default="both")
     ap.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
@@ -361,8 +366,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         args.targets = [t for t in args.targets if t != "litellm"]
     if "litellm" in args.targets and not os.access(args.litellm, os.X_OK):
         ap.error(f"no LiteLLM proxy at {args.litellm}: run scripts/setup_litellm.sh (or pass --no-litellm)")
-    if min(args.sessions, args.turns) < 1:
-        ap.error("--sessions and --turns must be at least 1")
+    if min(args.sessions, args.turns, args.tool_bytes) < 1:
+        ap.error("--sessions, --turns and --tool-bytes must be at least 1")
     return args
 
 
@@ -380,7 +385,8 @@ def main(argv: Sequence[str] | None = None) -> list[Run]:
         work.mkdir(parents=True, exist_ok=True)
         (work / "script.json").write_text(json.dumps(script(args.cli, args.turns)))
         upstream = core.start_upstream(work, args.tokenizer, ["--script", str(work / "script.json"),
-                                                              "--max-model-len", "1048576", "--cache-entries", "64"])
+                                                              "--max-model-len", "1048576", "--cache-entries", "64",
+                                                              *(["--segment-cache"] if args.segment_cache else [])])
         try:
             for fixture in fixtures:
                 cell_dir = work / fixture.cli

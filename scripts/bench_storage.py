@@ -98,11 +98,11 @@ def first_request(rng: random.Random, session: int) -> dict[str, Any]:
                                                       {"type": "text", "text": task}]}]}
 
 
-def tool_output(session: int, turn: int) -> str:
-    """~2 KB of a tool's output: file listings, code, test logs — different per session and turn."""
+def tool_output(session: int, turn: int, size: int = 2000) -> str:
+    """~`size` bytes of a tool's output: file listings, code, test logs — different per session and turn."""
     rng = random.Random(f"out {session} {turn}")
-    lines = []
-    while sum(len(line) + 1 for line in lines) < 2000:
+    lines: list[str] = []
+    while sum(len(line) + 1 for line in lines) < size:
         kind = rng.randrange(3)
         if kind == 0:
             lines.append(f"src/pkg_{rng.randrange(40)}/module_{rng.randrange(200)}.py:{rng.randrange(900)}: "
