@@ -148,6 +148,8 @@ class ChatRequest(_Model):
 # A message, and a tool, as a capture row holds it (see ChatRequest.stored), once per object. Read-only.
 stored_form = ObjectMemo(lambda message: message.model_dump(exclude_none=True))
 stored_tool = ObjectMemo(lambda tool: tool.model_dump(mode="json", exclude_none=True))
+# Whether a message holds an image, once per message: every call checks its whole history for them.
+holds_image = ObjectMemo(lambda message: any(isinstance(p, ImagePart) for p in message.content))
 
 
 FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "content_filter"]

@@ -42,7 +42,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from polar.canonical import ChatRequest, ImagePart, Message, TextPart
+from polar.canonical import ChatRequest, Message, TextPart, holds_image
 from polar.errors import GatewayError
 
 LATE_SYSTEM_OPEN, LATE_SYSTEM_CLOSE = "<system>\n", "\n</system>"
@@ -111,7 +111,7 @@ def shape(request: ChatRequest, traits: TemplateTraits) -> tuple[ChatRequest, li
 
 def _check_images(messages: list[Message], traits: TemplateTraits) -> None:
     for at, msg in enumerate(messages):
-        if not any(isinstance(p, ImagePart) for p in msg.content):
+        if not holds_image(msg):
             continue
         if msg.role == "system":
             raise GatewayError("invalid_request", f"messages[{at}] is a system message holding an image; "

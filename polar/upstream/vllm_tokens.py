@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from polar.canonical import ChatRequest, ChatResult, ImagePart, Reasoning, Usage
+from polar.canonical import ChatRequest, ChatResult, Reasoning, Usage, holds_image
 from polar.errors import GatewayError
 from polar.sessions.state import Extension, SessionView
 from polar.tokens.messages import to_openai_messages, to_openai_tools
@@ -191,7 +191,7 @@ class TokenFaithful:
 
 
 def _has_images(request: ChatRequest) -> bool:
-    return any(isinstance(p, ImagePart) for m in request.messages for p in m.content)
+    return any(holds_image(m) for m in request.messages)
 
 
 class _Labelled:
