@@ -54,7 +54,14 @@ CHAIN = 128  # bodies per keyframe at most: reading one row alone decompresses a
 KEY_SHARE = 4  # a new keyframe once the deltas since the last take this many times its bytes
 LEVEL = 3  # zstd level: at 100-200 KB bodies ~0.5 ms a body; higher levels gain ~2 %
 BASES_PER_SESSION = 3  # a session's main thread, its sub-agents and side calls take turns
-MAX_BASE_BYTES = 64 * 1024 * 1024  # the writer's memory for bases, all sessions together
+# A base whose bytes a newer body of its session repeats all but this many of is dropped: any later body
+# is encoded as well against the newer one. A conversation that only grows then holds one base, not three.
+SUPERSEDED = 4096
+# The writer's memory for bases, all sessions together: one 128k-token agent body each (~550 KB) for ~450
+# sessions at once. Past it the least recently used session's bases go and its next body is a keyframe, so
+# round-robin turns of more sessions than fit store every body whole (64 MB held 115 of 256 such sessions:
+# 12.6 bytes per unique token instead of ~7, docs/benchmarks.md).
+MAX_BASE_BYTES = 256 * 1024 * 1024
 WIDE = 1024 * 1024  # base + body above this: zstd parameters sized to them (slower: ~45 ms at 1.5 MB)
 LOOKBACK = 32 * 1024  # bytes of the base before a splice's middle in its dictionary: the last turns' text
 # Response bodies above this are stored as splices of the session's earlier answers: what they repeat can be
@@ -141,7 +148,7 @@ class BodyBases:
         self.max_bytes = max_bytes
         self._bases: OrderedDict[str, list[Base]] = OrderedDict()  # least recently used session first
         self._bytes = 0
-        self._pending: list[tuple[str, Base]] = []
+        self._pending: list[tuple[str, Base, Base | None]] = []  # (session, new base, the base it supersedes)
         self._keyframe: Base | None = None  # the last committed keyframe: a new session's first base
 
     def encode(self, session: str, body: bytes) -> Encoded:
@@ -169,7 +176,9 @@ class BodyBases:
     def wrote(self, session: str, body_id: int, body: bytes, encoded: Encoded) -> None:
         base, size = encoded.base, len(encoded.data)
         stored = Base(body_id, body, base.depth + 1, base.since + size, base.key) if base else Base(body_id, body, 0, 0, size)
-        self._pending.append((session, stored))
+        splice = encoded.splice
+        superseded = base if splice and len(base.body) - splice.head - splice.tail <= SUPERSEDED else None
+        self._pending.append((session, stored, superseded))
 
     def mark(self) -> int:
         return len(self._pending)
@@ -181,10 +190,13 @@ class BodyBases:
         self._pending.clear()
 
     def commit(self) -> None:
-        for session, base in self._pending:
+        for session, base, superseded in self._pending:
             if base.depth == 0:
                 self._keyframe = base
             bases = self._bases.pop(session, [])
+            if superseded is not None and any(b is superseded for b in bases):  # (another session's keyframe is not)
+                bases = [b for b in bases if b is not superseded]
+                self._bytes -= len(superseded.body)
             bases.append(base)
             self._bytes += len(base.body)
             while len(bases) > BASES_PER_SESSION:

@@ -158,9 +158,11 @@ class Histories:
     """Every session's `History`, per provider; the least recently used go first once the kept reads
     weigh more than `max_bytes` of request bodies (their texts take about that; their messages, shared
     with the calls in flight and the session state, a few times it). A session whose history went is read
-    whole on its next call: slower, never different."""
+    whole on its next call: slower, never different. The default holds ~450 sessions' 128k-token agent
+    bodies (~550 KB each; their reads ~8x that in memory): sessions taking turns round-robin beyond what
+    fits would each be read whole on every call."""
 
-    def __init__(self, max_bytes: int = 128 * 1024 * 1024, keep: int = 3):
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024, keep: int = 3):
         self.max_bytes, self.keep = max_bytes, keep
         self._all: OrderedDict[tuple[str, str], History] = OrderedDict()
         self._bytes = 0

@@ -493,3 +493,64 @@ def test_a_part_is_stored_anew_when_its_json_differs_where_python_sees_it_equal(
         assert json.loads(part.body) == tools and json.dumps(json.loads(part.body)) == json.dumps(tools)
         seen.append(part.digest)
     assert seen[0] == seen[1] == seen[4] and len(set(seen)) == 3
+
+
+def _agent_body(turns: list[bytes], tools: bytes) -> bytes:
+    """Claude Code's layout: the messages, then the system prompt and tools that every call repeats."""
+    return b'{"messages": [' + b", ".join(turns) + b'], "tools": ' + tools + b"}"
+
+
+def _round_robin(bases: bodies.BodyBases, sessions: int, turns: int, turn_bytes: int) -> list[str | None]:
+    """Sessions whose conversations only grow, taking turns one after another as lock-step agents do; the
+    encoding of every body after each session's first."""
+    rng = random.Random(7)
+    tools = rng.randbytes(4_000).hex().encode()
+    histories: list[list[bytes]] = [[] for _ in range(sessions)]
+    seen, owner = [], {}  # body id → its session
+    for turn in range(turns):
+        for s in range(sessions):
+            histories[s].append(b'"' + rng.randbytes(turn_bytes // 2).hex().encode() + b'"')
+            body = _agent_body(histories[s], tools)
+            encoded = bases.encode(f"s{s}", body)
+            owner[len(owner) + 1] = s
+            bases.wrote(f"s{s}", len(owner), body, encoded)
+            bases.commit()
+            if turn:
+                own = encoded.base is None or owner[encoded.base.id] == s
+                seen.append(encoded.encoding if own else "spliced against another session's body")
+    return seen
+
+
+def test_a_growing_conversation_keeps_one_base():
+    """Each body repeats its predecessor whole and adds a turn: the predecessor is superseded, so a session
+    that only grows holds one base (its latest), not BASES_PER_SESSION of them."""
+    bases = bodies.BodyBases()
+    assert set(_round_robin(bases, sessions=3, turns=6, turn_bytes=2_000)) == {"zstd-splice"}
+    assert [len(kept) for kept in bases._bases.values()] == [1, 1, 1]
+    assert bases._bytes == sum(len(b.body) for kept in bases._bases.values() for b in kept)
+
+
+def test_sessions_taking_turns_each_splice_against_their_own_last_body():
+    """Round-robin turns of as many sessions as the bases' memory holds one body each of: every later body is
+    a splice of its own session's last one. When each session kept three bases, the least recently used
+    session's went before its next turn and every body after the first was stored whole (as a keyframe or
+    against another session's): storage grew with turns × context at 256 agents."""
+    sessions, turns, turn_bytes = 40, 5, 4_000
+    last_body = 8_000 + 2 + turns * (turn_bytes + 4) + 20
+    bases = bodies.BodyBases(max_bytes=int(sessions * last_body * 1.2))
+    assert set(_round_robin(bases, sessions, turns, turn_bytes)) == {"zstd-splice"}
+    assert len(bases._bases) == sessions
+
+
+def test_a_branch_keeps_the_base_it_left():
+    """A body that replaces much of its base (a sub-agent's own conversation, a rewritten history) does not
+    supersede it: both stay bases of the session."""
+    rng = random.Random(8)
+    tools = rng.randbytes(4_000).hex().encode()
+    main = _agent_body([rng.randbytes(20_000).hex().encode()], tools)
+    sub = _agent_body([rng.randbytes(20_000).hex().encode()], tools)
+    bases = bodies.BodyBases()
+    for n, body in enumerate([main, sub], start=1):
+        bases.wrote("s", n, body, bases.encode("s", body))
+        bases.commit()
+    assert [b.id for b in bases._bases["s"]] == [1, 2]
