@@ -31,6 +31,7 @@ from polar.errors import GatewayError
 from polar.gateway.gate import SamplingGate
 from polar.gateway.pipeline import Gateway, GatewayReply, GatewayRequest
 from polar.gateway.streaming import StreamingCall, StreamReply
+from polar.mitm import backlog
 from polar.mitm.contentview import PolarContentview
 from polar.mitm.relay import StreamRelay
 from polar.mitm.shutdown import DRAIN_S
@@ -143,6 +144,8 @@ class PolarAddon:
         # Keep streamed answers on their flows, so mitmweb shows them like any other answer.
         if "store_streamed_bodies" in ctx.options and not ctx.options.store_streamed_bodies:
             ctx.options.update(store_streamed_bodies=True)
+        if (proxyserver := ctx.master.addons.get("proxyserver")) is not None:
+            backlog.widen(proxyserver)  # the servers mitmproxy has just opened (a mode changed later: asyncio's 100)
         # What start-up built (mitmproxy, transformers, the template, ~200k objects) lives as long as the
         # process: out of the collector's sight, a full collection no longer walks it. Each one cost
         # ~150 ms, triggered by the objects an agent-sized request decodes to (py-spy: a 1.8x bucket).
