@@ -318,7 +318,8 @@ def main() -> None:
                                 args.segment_cache),
                    args.first_token_delay_ms / 1000,
                    args.token_delay_ms / 1000)
-    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+    # backlog: 256 sessions connect at once (aiohttp listens with 128; uvicorn, under vLLM, with 2048).
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, backlog=4096)
 
 
 if __name__ == "__main__":
