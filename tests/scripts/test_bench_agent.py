@@ -65,3 +65,24 @@ def test_litellm_takes_every_format(tokenizer_dir, tmp_path, capsys, monkeypatch
     for run in runs:
         check_run(run)
     assert "CPU ÷ LiteLLM" in capsys.readouterr().out
+
+
+def test_larger_tool_results_through_a_segment_cached_upstream(tokenizer_dir, tmp_path, monkeypatch):
+    """--tool-bytes grows each turn by that much tool output; --segment-cache has the upstream tokenize what is
+    new only, giving the ids of the whole prompt: each session's first prompt, ids from the upstream in chat mode
+    and from polar's own rendering token-faithful, is the same."""
+    bench = load_script(monkeypatch, "bench_agent")
+    runs = tiny(bench, tokenizer_dir, tmp_path, "--cli", "claude_code", "--stream", "no", "--targets", "polar",
+                "polar-chat", "--tool-bytes", "6000", "--segment-cache")
+    small = tiny(bench, tokenizer_dir, tmp_path / "small", "--cli", "claude_code", "--stream", "no",
+                 "--targets", "polar")
+    for run in runs:
+        check_run(run)
+    # Each of the first TURNS - 1 turns adds ~4,000 more bytes of tool output than at the default 2 KB.
+    assert runs[0].context - small[0].context > (TURNS - 1) * 1_000
+    first = {}
+    for run in runs:
+        rows = [r for r in CaptureReader(run.target.db).calls() if r["status"] == "ok"]
+        firsts = {r["session_id"]: r["prompt_ids"] for r in reversed(rows)}  # each session's first call
+        first[run.target.name] = sorted(tuple(ids) for ids in firsts.values())
+    assert first["polar"] == first["polar-chat"] and len(first["polar"]) == SESSIONS + 1
