@@ -243,7 +243,10 @@ def bucket_ranges(turns: int, ends: Sequence[int]) -> list[tuple[int, int]]:
 
 
 async def play(runs: list[Run], ranges: list[tuple[int, int]]) -> None:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # Idle connections are dropped after 2 s, before a server's own keep-alive timeout (uvicorn's, under
+    # LiteLLM: 5 s, httpx's default too): at 256 sessions a turn's slowest call leaves the others idle for
+    # seconds, and a connection the server closes as a call reuses it is a ReadError no proxy caused.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         for run in runs:
             await warm(client, run)
