@@ -29,14 +29,11 @@ def listening_sockets(proxyserver: Any) -> list[Any]:
     return found
 
 
-def widen(proxyserver: Any, backlog: int = LISTEN_BACKLOG) -> int:
-    """Re-listen every proxy socket with `backlog`; how many were widened."""
-    done = 0
+def widen(proxyserver: Any, backlog: int = LISTEN_BACKLOG) -> None:
+    """Re-listen every proxy socket with `backlog` (one that refuses keeps its own, with a warning)."""
     for sock in listening_sockets(proxyserver):
         try:
             with socket.socket(fileno=os.dup(sock.fileno())) as same:  # the same socket: closing it keeps sock
                 same.listen(backlog)
-            done += 1
         except OSError as exc:
             log.warning("could not widen the listen backlog of %s: %s", sock.getsockname(), exc)
-    return done

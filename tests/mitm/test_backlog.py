@@ -64,6 +64,7 @@ def test_a_burst_of_connections_while_polar_is_busy_is_queued_not_dropped(tmp_pa
     proxy = SubprocessProxy(ProxyConfig(upstream="http://127.0.0.1:9", db=str(tmp_path / "captures.db"),
                                         port=free_port()))
     proxy.start()
+    connected: list[socket.socket] = []
     try:
         # Connections are taken from the first listen(); the backlog widens once mitmproxy reports running.
         want = min(LISTEN_BACKLOG, int(open("/proc/sys/net/core/somaxconn").read()))
@@ -80,6 +81,6 @@ def test_a_burst_of_connections_while_polar_is_busy_is_queued_not_dropped(tmp_pa
         answers = [answer(s, within_s=60) for s in connected]
         assert all(a.startswith(b"HTTP/1.1 200") and a.endswith(b"polar gateway\n") for a in answers)
     finally:
-        for s in locals().get("connected", []):
+        for s in connected:
             s.close()
         proxy.stop()
