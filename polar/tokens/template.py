@@ -23,6 +23,7 @@ from typing import Any
 
 from polar.canonical import Message, Tool
 from polar.errors import GatewayError
+from polar.tokens.encoder import ids_encoder
 from polar.tokens.messages import to_openai_messages, to_openai_tools
 from polar.tokens.parsers import THINK_END, THINK_START, ParsedTurn, family_for_template, parse_turn
 from polar.tokens.shaping import TemplateTraits
@@ -77,6 +78,7 @@ class ChatTemplate:
         if not isinstance(text, str) or not text.strip():
             raise ValueError("no chat template: the tokenizer has none (or several) and none was given")
         self.tokenizer = tokenizer
+        self._encode = ids_encoder(tokenizer)
         self.template_text = text
         self.name = name  # how rewrite notes and errors name the template (its file, or the model dir)
         self.family = family_for_template(text)
@@ -127,7 +129,7 @@ class ChatTemplate:
 
     def encode(self, text: str) -> list[int]:
         """Token ids for template text: no BOS/EOS added; special tokens written in the text map to their ids."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self._encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
