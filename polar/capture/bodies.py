@@ -48,6 +48,7 @@ import zstandard
 
 from polar.capture.dictionaries import SIZE, Dictionaries, decompress
 from polar.capture.tokens import common_prefix_len
+from polar.working_set import DEFAULT, Evictions
 
 SMALL = 1024  # bodies up to this many bytes are stored as they are, and never serve as a base
 CHAIN = 128  # bodies per keyframe at most: reading one row alone decompresses at most this many
@@ -57,11 +58,9 @@ BASES_PER_SESSION = 3  # a session's main thread, its sub-agents and side calls 
 # A base whose bytes a newer body of its session repeats all but this many of is dropped: any later body
 # is encoded as well against the newer one. A conversation that only grows then holds one base, not three.
 SUPERSEDED = 4096
-# The writer's memory for bases, all sessions together: one 128k-token agent body each (~550 KB) for ~450
-# sessions at once. Past it the least recently used session's bases go and its next body is a keyframe, so
-# round-robin turns of more sessions than fit store every body whole (64 MB held 115 of 256 such sessions:
-# 12.6 bytes per unique token instead of ~7, docs/benchmarks.md).
-MAX_BASE_BYTES = 256 * 1024 * 1024
+# The writer's memory for bases (all sessions together) is sized by working_set: past it the least recently
+# used session's bases go and its next body is a keyframe, so round-robin turns of more sessions than fit
+# store every body whole (64 MB held 115 of 256 128k-token sessions: 12.6 bytes per unique token instead of ~7).
 WIDE = 1024 * 1024  # base + body above this: zstd parameters sized to them (slower: ~45 ms at 1.5 MB)
 LOOKBACK = 32 * 1024  # bytes of the base before a splice's middle in its dictionary: the last turns' text
 # Response bodies above this are stored as splices of the session's earlier answers: what they repeat can be
@@ -144,8 +143,10 @@ class BodyBases:
     Used by the one writer thread only. Bodies written in the open transaction wait in `_pending` and
     become bases on commit; `mark`/`undo` drop those of a write rolled back to its savepoint."""
 
-    def __init__(self, max_bytes: int = MAX_BASE_BYTES):
+    def __init__(self, max_bytes: int = DEFAULT.base_bytes, kind: str = "request bodies"):
         self.max_bytes = max_bytes
+        self.evictions = Evictions(f"capture bases ({kind} the next ones are stored as splices of)")
+        self._used: dict[str, float] = {}  # when each session last committed a body
         self._bases: OrderedDict[str, list[Base]] = OrderedDict()  # least recently used session first
         self._bytes = 0
         self._pending: list[tuple[str, Base, Base | None]] = []  # (session, new base, the base it supersedes)
@@ -202,10 +203,12 @@ class BodyBases:
             while len(bases) > BASES_PER_SESSION:
                 self._bytes -= len(bases.pop(0).body)
             self._bases[session] = bases
+            self._used[session] = self.evictions.now()
         self._pending.clear()
         while self._bytes > self.max_bytes and self._bases:
-            _, dropped = self._bases.popitem(last=False)
+            session, dropped = self._bases.popitem(last=False)
             self._bytes -= sum(len(b.body) for b in dropped)
+            self.evictions.dropped(self._used.pop(session))
 
 
 def _shared_head(base: bytes, body: bytes) -> int:

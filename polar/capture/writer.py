@@ -66,7 +66,7 @@ class CaptureWriter:
         self.token, self._lease = _take_lease(self.path)
         self.interrupted = self._reap_dead_writers()
         self._bodies = BodyBases()  # request bodies this writer committed, to encode the next ones against
-        self._answers = BodyBases()  # and large response bodies, against the session's earlier answers
+        self._answers = BodyBases(kind="large answers")  # and large response bodies, against the session's earlier answers
         self._bases = (self._bodies, self._answers)  # both follow the transaction: undo, abort, commit alike
         self._packer = Packer(self._conn)  # small values compressed with dictionaries trained on them
         self._id_floor = first_row_id(self.path) or None  # a shard's ids start in its own range (shards.py)
@@ -90,6 +90,11 @@ class CaptureWriter:
     async def finish(self, row_id: int | None, call: CallStart, end: CallEnd) -> int:
         """Complete a call's row (or insert it whole) and wait for the commit. Returns the row id."""
         return await asyncio.wrap_future(self._submit(("finish", row_id, call, end)))
+
+    def size_bases(self, max_bytes: int) -> None:
+        """The bases' memory (each of request bodies and of large answers), applied from the next commit."""
+        for bases in self._bases:
+            bases.max_bytes = max_bytes  # one int, read by the writer thread at its next commit
 
     def tune(self, synchronous: str, busy_timeout: float) -> None:
         """New commit mode and lock wait for this database, applied from its next transaction (an option

@@ -45,6 +45,7 @@ from polar.sessions.identity import Identity, SessionRegistry, redact
 from polar.sessions.state import SessionState, SessionStates, SessionView, new_turn
 from polar.tokens.shaping import ANY_TEMPLATE, shape
 from polar.upstream.base import Backend, UpstreamStream
+from polar.working_set import Budgets
 
 log = logging.getLogger("polar.gateway")
 
@@ -91,6 +92,12 @@ class Gateway:
         self.max_body_bytes = max_body_bytes
         self.model_aliases = model_aliases or []
         self.keepalive_s = keepalive_s  # silence on a stream after which the client gets a keep-alive
+
+    def size_caches(self, budgets: Budgets) -> None:
+        """Size the per-session caches (working_set.py) for as many sessions taking turns at once."""
+        self.histories.max_bytes = budgets.history_bytes
+        self.states.max_tokens, self.states.max_sessions = budgets.state_tokens, budgets.state_sessions
+        self.writer.size_bases(budgets.base_bytes)
 
     async def handle(self, req: GatewayRequest) -> GatewayReply:
         if req.method == "HEAD":  # GET's answer without its body, for every path

@@ -24,8 +24,9 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from mitmproxy import contentviews, ctx, http
+from mitmproxy import contentviews, ctx, exceptions, http
 
+from polar import working_set
 from polar.capture.writer import CaptureWriter
 from polar.errors import GatewayError
 from polar.gateway.gate import SamplingGate
@@ -60,7 +61,7 @@ BACKEND_OPTIONS = {
     "polar_tokenizer", "polar_chat_template", "polar_token_endpoint",
 }  # fmt: skip
 PROMPT_OPTIONS = {"polar_tokenizer", "polar_chat_template"}  # change the ids a session's turns hold
-GATEWAY_OPTIONS = {"polar_max_body", "polar_model_aliases", "polar_stream_keepalive"}
+GATEWAY_OPTIONS = {"polar_max_body", "polar_model_aliases", "polar_stream_keepalive", "polar_hot_sessions"}
 
 
 def token_faithful(chat: VLLMChat, tokenizer_dir: str, template_path: str, endpoint: str):
@@ -136,6 +137,11 @@ class PolarAddon:
             "its provider's error event and a call waiting upstream with an error answer, each captured.",
         )
         loader.add_option(
+            "polar_hot_sessions", int, working_set.HOT_SESSIONS,
+            "Sessions taking turns at once that polar keeps each one's history reads, body bases and token ids for "
+            "(~8 MB of memory per 128k-token session). Fewer fit: their calls redo that work (a warning says so).",
+        )
+        loader.add_option(
             "polar_stream_keepalive", int, 5,
             "Seconds a streamed answer may stay silent (queue, prefill) before the client gets a keep-alive; 0 = never.",
         )
@@ -153,6 +159,8 @@ class PolarAddon:
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
+        if "polar_hot_sessions" in updated and opts.polar_hot_sessions < 1:
+            raise exceptions.OptionsError(f"polar_hot_sessions must be at least 1, not {opts.polar_hot_sessions}")
         old = self.gateway
         if old is not None and not updated & (WRITER_OPTIONS | BACKEND_OPTIONS | GATEWAY_OPTIONS):
             return
@@ -179,6 +187,7 @@ class PolarAddon:
             max_body_bytes=opts.polar_max_body, model_aliases=list(opts.polar_model_aliases),
             keepalive_s=opts.polar_stream_keepalive,
         )
+        self._tune(self.gateway)  # the caches sized for polar_hot_sessions
         if old is not None:
             self._retired.append(old)
             self._close_idle()
@@ -189,6 +198,7 @@ class PolarAddon:
         opts = ctx.options
         gateway.max_body_bytes, gateway.model_aliases = opts.polar_max_body, list(opts.polar_model_aliases)
         gateway.keepalive_s = opts.polar_stream_keepalive
+        gateway.size_caches(working_set.Budgets.for_sessions(opts.polar_hot_sessions))
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or self.gateway is None:

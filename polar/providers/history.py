@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 from polar.canonical import Message
 from polar.json_values import exact, same
+from polar.working_set import DEFAULT, Evictions
 
 T = TypeVar("T")
 
@@ -88,6 +89,7 @@ class History:
 
     def __init__(self, keep: int = 3, resized: Callable[[int], None] | None = None):
         self.keep = keep
+        self.used = 0.0  # when its session last called (Histories' clock)
         self.reads: list[_Read] = []
         self._parts: dict[str, tuple[Any, bytes | None, Any]] = {}  # name -> (raw, its exact JSON, what it was read into)
         self.body_bytes = 0  # the request about to be read: what its read weighs (`Histories.get` sets it)
@@ -162,8 +164,9 @@ class Histories:
     bodies (~550 KB each; their reads ~8x that in memory): sessions taking turns round-robin beyond what
     fits would each be read whole on every call."""
 
-    def __init__(self, max_bytes: int = 256 * 1024 * 1024, keep: int = 3):
+    def __init__(self, max_bytes: int = DEFAULT.history_bytes, keep: int = 3):
         self.max_bytes, self.keep = max_bytes, keep
+        self.evictions = Evictions("histories (each session's last reads of its request)")
         self._all: OrderedDict[tuple[str, str], History] = OrderedDict()
         self._bytes = 0
 
@@ -179,7 +182,7 @@ class Histories:
         key = (session, provider)
         history = self._all.pop(key, None) or History(self.keep, self._resized)
         self._all[key] = history  # the most recently used last
-        history.body_bytes = body_bytes
+        history.body_bytes, history.used = body_bytes, self.evictions.now()
         return history
 
     def _resized(self, delta: int) -> None:
@@ -187,6 +190,7 @@ class Histories:
         while self._bytes > self.max_bytes and len(self._all) > 1:
             _, dropped = self._all.popitem(last=False)
             self._bytes -= dropped.size
+            self.evictions.dropped(dropped.used)
 
 
 class ToolNames(dict[str, str]):

@@ -29,6 +29,7 @@ from polar.canonical import ChatRequest, ChatResult, Message
 from polar.capture.records import Lineage, MessageLog
 from polar.capture.tokens import as_ids, common_prefix_len
 from polar.sessions.fingerprints import answer_message, message_fingerprint, request_context_key
+from polar.working_set import DEFAULT, Evictions
 
 log = logging.getLogger("polar.sessions")
 
@@ -56,6 +57,7 @@ class SessionState:
     messages: MessageLog = field(default_factory=MessageLog)
     # Why the state holds what it holds, for prompt_mode when no turn can be extended.
     origin: str = "first call of the session"
+    used: float = 0.0  # when the session last called (SessionStates' clock)
 
     @property
     def tokens(self) -> int:
@@ -138,9 +140,9 @@ class SessionStates:
     def __init__(
         self,
         load: Callable[[str, int], list[dict[str, Any]]] | None = None,
-        max_sessions: int = 4096,
+        max_sessions: int = DEFAULT.state_sessions,
         turns_per_session: int = 16,
-        max_tokens: int = 256 * 1024 * 1024,
+        max_tokens: int = DEFAULT.state_tokens,
     ):
         # `load(session, n)`: the session's last n completed calls with tokens (CaptureReader.recent_calls).
         self._load = load
@@ -150,6 +152,7 @@ class SessionStates:
         self._states: OrderedDict[str, SessionState] = OrderedDict()
         self._tokens = 0
         self._loading: dict[str, asyncio.Future] = {}
+        self.evictions = Evictions("session states (each session's turns as token ids)")
 
     def __len__(self) -> int:
         return len(self._states)
@@ -191,10 +194,12 @@ class SessionStates:
 
     def _put(self, session: str, state: SessionState) -> None:
         self._states[session] = state
+        state.used = self.evictions.now()
         self._tokens += state.tokens
         while len(self._states) > self.max_sessions or (self._tokens > self.max_tokens and len(self._states) > 1):
             _, evicted = self._states.popitem(last=False)
             self._tokens -= evicted.tokens
+            self.evictions.dropped(evicted.used)
 
     def _rebuild(self, session: str) -> SessionState:
         state = SessionState()

@@ -50,3 +50,34 @@ def test_each_option_rebuilds_only_its_part(tmp_path, tokenizer_dir, monkeypatch
         assert registry.resolve("/v1/messages", {"x-api-key": "sk-session-key"}, None).session == "s1"
         assert addon._retired == []  # nothing in flight: the replaced parts are closed at once
         assert first.writer._thread is None  # closed
+
+
+def test_hot_sessions_size_every_per_session_cache_of_the_live_gateway(tmp_path, monkeypatch):
+    from mitmproxy import exceptions
+
+    from polar.working_set import AGENT_BODY_BYTES, DEFAULT
+
+    monkeypatch.chdir(tmp_path)
+    addon = PolarAddon()
+    with _master(addon) as tctx:
+        tctx.configure(addon, polar_db=str(tmp_path / "a.db"), polar_upstream="http://127.0.0.1:9")
+        gateway = addon.gateway
+        assert gateway.histories.max_bytes == DEFAULT.history_bytes
+        assert [b.max_bytes for b in gateway.writer._bases] == [DEFAULT.base_bytes] * 2
+
+        tctx.configure(addon, polar_hot_sessions=3000)  # a node with the memory for 3,000 agents at once
+        assert addon.gateway is gateway  # resized in place: nothing kept is lost
+        assert gateway.histories.max_bytes == 3000 * AGENT_BODY_BYTES
+        assert [b.max_bytes for b in gateway.writer._bases] == [3000 * AGENT_BODY_BYTES] * 2
+        assert gateway.states.max_sessions == 6000 and gateway.states.max_tokens > DEFAULT.state_tokens
+
+        tctx.configure(addon, polar_upstream="http://127.0.0.1:10")  # a new gateway keeps the size
+        assert addon.gateway is not gateway and addon.gateway.histories.max_bytes == 3000 * AGENT_BODY_BYTES
+
+        try:
+            tctx.configure(addon, polar_hot_sessions=0)
+        except exceptions.OptionsError as exc:
+            assert "at least 1" in str(exc)
+        else:
+            raise AssertionError("polar_hot_sessions=0 was accepted")
+        assert addon.gateway.histories.max_bytes == 3000 * AGENT_BODY_BYTES
