@@ -91,7 +91,9 @@ class History:
         self.keep = keep
         self.used = 0.0  # when its session last called (Histories' clock)
         self.reads: list[_Read] = []
-        self._parts: dict[str, tuple[Any, bytes | None, Any]] = {}  # name -> (raw, its exact JSON, what it was read into)
+        # name -> its last `keep` (raw, its exact JSON, what it was read into), the most recent last: a main
+        # conversation and its sub-agents send different system prompts and tools, taking turns.
+        self._parts: dict[str, list[tuple[Any, bytes | None, Any]]] = {}
         self.body_bytes = 0  # the request about to be read: what its read weighs (`Histories.get` sets it)
         self._resized = resized  # told how many body bytes the kept reads gained (or lost)
 
@@ -134,11 +136,14 @@ class History:
         """What `read()` gives, reused while the session's requests send an equal `raw` under `name` (an agent
         sends the same tens of KB of tools on every call). `read` depends on `raw` alone; its value is shared
         with later calls, so it is never modified."""
-        kept = self._parts.get(name)
-        if kept is not None and same(raw, kept[0], kept[1]):
-            return kept[2]
+        kept = self._parts.setdefault(name, [])
+        for n in range(len(kept) - 1, -1, -1):
+            if same(raw, kept[n][0], kept[n][1]):
+                kept.append(kept.pop(n))
+                return kept[-1][2]
         value = read()
-        self._parts[name] = (raw, exact(raw), value)
+        kept.append((raw, exact(raw), value))
+        del kept[: -self.keep]
         return value
 
 

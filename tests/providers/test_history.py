@@ -278,3 +278,44 @@ def test_a_retyped_number_is_read_afresh():
         tools[0]["input_schema"]["minimum"] = n
         body["tools"] = tools
         assert outcome(route, body, history)[0] == outcome(route, copy.deepcopy(body), None)[0]
+
+
+SYSTEM_FIELDS = {"claude_code": "system", "codex": "instructions", "gemini_cli": "systemInstruction"}
+
+
+def _system_variants(cli: str, body: dict) -> list:
+    """The fixture's system prompt, a sub-agent's other one, and (Claude Code) its billing block changed."""
+    own = body.get("request", body).get(SYSTEM_FIELDS[cli])
+    if cli == "claude_code":
+        billed = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=9; cch=1a2b3;"}, *own[1:]]
+        embedded = [{"type": "text", "text": "x-anthropic-billing-header: cch=9\nkeep this"}, *own[1:]]
+        return [own, billed, own[1:], embedded, "You are a sub-agent."]
+    if cli == "codex":  # Codex sends its own as developer items; SDK clients send `instructions`
+        return ["You are Codex.", "You are Codex.\nMore.", "You are a sub-agent."]
+    return [own, {"parts": [{"text": "You are a sub-agent."}]}, "plain"]
+
+
+@pytest.mark.parametrize("cli", SYSTEM_FIELDS)
+def test_the_system_prompt_is_read_once_while_it_stays_the_same(cli):
+    """Its message is the same object on every call that sends the same system prompt (Claude Code: whatever its
+    per-call billing line says), for a main conversation and a sub-agent taking turns; and reading it through the
+    memo is reading it afresh, rewrites included."""
+    route, first, later = fixture(cli)
+    history = Histories().get("s", route.provider.name, 1)
+    holder = lambda body: body.get("request", body)  # noqa: E731 — Gemini CLI's Code Assist envelope
+    key = SYSTEM_FIELDS[cli]
+    variants = _system_variants(cli, first)
+    seen: dict[str, object] = {}
+    for n in [0, 1, 0, 2, 1, 2, 0, 3, 3, 4, 0, 4] if cli == "claude_code" else [0, 1, 0, 2, 1, 0, 2]:
+        body = copy.deepcopy(later)
+        holder(body)[key] = copy.deepcopy(variants[n])
+        through, parsed = outcome(route, body, history)
+        assert through == outcome(route, copy.deepcopy(body), None)[0], n
+        system = parsed.request.messages[0]
+        assert system.role == "system"
+        text = system.text()
+        if text in seen:
+            assert seen[text] is system, n  # read once, handed back
+        seen[text] = system
+    if cli == "claude_code":
+        assert len(seen) == 3  # billing-only blocks left out: variants 0, 1 and 2 are one prompt

@@ -48,6 +48,7 @@ _SERVER_BLOCKS = {"server_tool_use", "mcp_tool_use", "mcp_tool_result", "contain
 # would start with a different prefix, so no turn could continue the previous one's tokens.
 _BILLING_MARK = "x-anthropic-billing-header:"
 _BILLING_LINE = re.compile(r"^" + _BILLING_MARK + r"[^\n]*(?:\n|$)", re.MULTILINE)
+_BILLING_NOTE = "Claude Code billing line removed from the system prompt"
 
 
 def parse_request(route: Route, body: Any, sealer: Sealer, history: History | None = None) -> Parsed[AnthropicContext]:
@@ -65,7 +66,7 @@ def parse_request(route: Route, body: Any, sealer: Sealer, history: History | No
     effort, schema = _output_config(body.get("output_config"))
     thinking, display = _parse_thinking(optional(body, "thinking", dict), effort)
     model = require(body, "model", str)
-    system = reader.system(body.get("system"))
+    system = reader.system(body.get("system"), history)
     raw_messages = require(body, "messages", list)
     if not raw_messages:
         raise invalid("field 'messages' must contain at least one message", "messages")
@@ -123,23 +124,40 @@ class _Reader:
         self.sealer = sealer
         self.rewrites: list[str] = []
 
-    def system(self, system: Any) -> list[Message]:
+    def system(self, system: Any, history: History | None) -> list[Message]:
+        """The system message, the same object while the session's system blocks stay the same JSON (its
+        fingerprint and stored form are then computed once). Claude Code's billing line, a block of its own
+        that differs on every call, is left out before that comparison."""
         if system is None or system == "":
             return []
         expect(system, (str, list), "system")
-        parts = [self._without_billing_line(p) for p in _text_parts(_blocks(system, "system"))]
-        parts = [p for p in parts if p is not None]
-        return [Message(role="system", content=parts)] if parts else []
+        blocks = [(block, path) for block, path in _blocks(system, "system") if not self._billing_only(block)]
+        messages, notes = read_part(history, "system", [block for block, _ in blocks], lambda: _system_message(blocks))
+        self.rewrites += notes
+        return messages
 
-    def _without_billing_line(self, part: TextPart) -> TextPart | None:
-        """The part without Claude Code's billing line; None when that line was all it held."""
-        if _BILLING_MARK not in part.text:  # a substring test first: the regex over an 18 KB prompt costs 70 µs
-            return part
-        text = _BILLING_LINE.sub("", part.text)
-        if text == part.text:
-            return part
-        self.rewrites.append("Claude Code billing line removed from the system prompt")
-        return part.model_copy(update={"text": text}) if text.strip() else None
+    def _billing_only(self, block: dict) -> bool:
+        text = block.get("text")
+        if block["type"] != "text" or not isinstance(text, str) or _BILLING_MARK not in text:
+            return False
+        if _BILLING_LINE.sub("", text).strip():
+            return False
+        self.rewrites.append(_BILLING_NOTE)
+        return True
+
+
+def _system_message(blocks: list[Block]) -> tuple[list[Message], list[str]]:
+    parts, notes = [], []
+    for part in _text_parts(blocks):
+        if _BILLING_MARK in part.text:  # a substring test first: the regex over an 18 KB prompt costs 70 µs
+            text = _BILLING_LINE.sub("", part.text)
+            if text != part.text:
+                notes.append(_BILLING_NOTE)
+                if not text.strip():
+                    continue
+                part = part.model_copy(update={"text": text})
+        parts.append(part)
+    return ([Message(role="system", content=parts)] if parts else []), notes
 
 
 def _tools(raw: list) -> tuple[tuple[Tool, ...], list[str]]:

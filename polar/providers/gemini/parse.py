@@ -67,7 +67,7 @@ def parse_request(route: Route, body: Any, sealer: Sealer, history: History | No
     offered, builtin = read_part(history, "tools", payload.get("tools"), lambda: tools(payload, where))
     request = ChatRequest(
         model=model_name(model),
-        messages=_system(payload, where) + read_history(contents, _Conversation(where, sealer), history),
+        messages=_system(payload, where, history) + read_history(contents, _Conversation(where, sealer), history),
         tools=offered,
         tool_choice=tool_choice(payload, where),
         sampling=sampling(gen, gen_where),
@@ -103,10 +103,15 @@ def _unwrap(route: Route, body: dict) -> tuple[dict, str | None, str, CodeAssist
 # ---- conversation ------------------------------------------------------------------------
 
 
-def _system(payload: dict, where: str) -> list[Message]:
+def _system(payload: dict, where: str, history: History | None) -> list[Message]:
+    """The system message: the same object while the session sends the same systemInstruction (memos: once)."""
     value = optional(payload, k("systemInstruction"), (str, dict), where)
     if value is None:
         return []
+    return read_part(history, "system", value, lambda: _system_of(value, where))
+
+
+def _system_of(value: str | dict, where: str) -> list[Message]:
     where = f"{where}systemInstruction"
     if isinstance(value, str):
         texts = [value]

@@ -167,8 +167,9 @@ def _history(body: dict, sealer: Sealer, history: History | None, *, required: b
     """The instructions and input items as messages, and the item types skipped."""
     messages: list[Message] = []
     instructions = optional(body, "instructions", str)
-    if instructions:
-        messages.append(Message(role="system", content=[TextPart(text=instructions)]))
+    if instructions:  # the same object while the session sends the same instructions (memos: once)
+        messages += read_part(history, "instructions", instructions,
+                              lambda: [Message(role="system", content=[TextPart(text=instructions)])])
     raw_input = body.get("input")
     items = _Items(sealer)
     if raw_input is None:
