@@ -24,9 +24,10 @@ from typing import Any
 from polar.canonical import Message, Tool
 from polar.errors import GatewayError
 from polar.tokens.encoder import ids_encoder
-from polar.tokens.messages import to_openai_messages, to_openai_tools
+from polar.tokens.messages import to_openai_messages
 from polar.tokens.parsers import THINK_END, THINK_START, ParsedTurn, family_for_template, parse_turn
 from polar.tokens.shaping import TemplateTraits
+from polar.tokens.tool_json import install, openai_tool
 
 PROBE_USER = "polar probe: a user line"
 PROBE_SENTINEL = "polar-probe-7c1e9a-assistant-turn"
@@ -80,6 +81,7 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self._encode = ids_encoder(tokenizer)
         self.template_text = text
+        install(_compiled(text))  # tools prepared once per tool (tool_json.py)
         self.name = name  # how rewrite notes and errors name the template (its file, or the model dir)
         self.family = family_for_template(text)
         ids = [tokenizer.eos_token_id, *(eos_token_ids or [])]
@@ -269,7 +271,7 @@ def openai_messages(messages: Sequence[Message | dict[str, Any]]) -> list[dict[s
 
 def openai_tools(tools: Sequence[Tool | dict[str, Any]] | None) -> list[dict[str, Any]]:
     """Canonical tools or OpenAI tool dicts → the dicts vLLM passes to templates (same shape as its chat body)."""
-    return [to_openai_tools([tool])[0] if isinstance(tool, Tool) else tool for tool in tools or []]
+    return [openai_tool(tool) for tool in tools or []]
 
 
 def _with_argument_objects(message: dict[str, Any], index: int) -> dict[str, Any]:
@@ -310,3 +312,11 @@ def _generation_eos_ids(path: Path) -> list[int]:
         return []
     value = json.loads(config.read_text()).get("eos_token_id")
     return [value] if isinstance(value, int) else [i for i in value or [] if isinstance(i, int)]
+
+
+def _compiled(text: str) -> Any:
+    """transformers' compiled template for this text: the very object `apply_chat_template` renders with (it
+    caches one per text)."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    return _compile_jinja_template(text)
