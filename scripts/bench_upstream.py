@@ -163,6 +163,16 @@ def _sse(obj: Any) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
+def _split(text: str, start: int, end: int, reasoning_end: int) -> dict[str, str]:
+    """A token's delta: its part of text[start:end] before `reasoning_end` as reasoning, the rest as content."""
+    delta: dict[str, str] = {}
+    if start < reasoning_end:
+        delta["reasoning"] = text[start:min(end, reasoning_end)]
+    if end > reasoning_end or reasoning_end == 0:
+        delta["content"] = text[max(start, reasoning_end):end]
+    return delta
+
+
 def sse_chunks(answer: dict[str, Any], with_usage: bool) -> tuple[list[bytes], list[bytes], list[bytes]]:
     """A non-streamed chat completion as the `data:` events a streaming vLLM would send: (the role
     chunk, one chunk per token, the closing chunks)."""
@@ -171,7 +181,11 @@ def sse_chunks(answer: dict[str, Any], with_usage: bool) -> tuple[list[bytes], l
     ids = choice.get("token_ids") or []
     lp = (choice.get("logprobs") or {}).get("content") or []
     n = max(len(ids), len(lp), 1)
-    text = message.get("content") or ""
+    # The reasoning first, then the content, as vLLM's reasoning parser streams them (`reasoning` deltas, then
+    # `content`), spread evenly over the sampled tokens; a token over the boundary carries the end of one and
+    # the start of the other.
+    reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
+    text = reasoning + (message.get("content") or "")
     cuts = [round(i * len(text) / n) for i in range(n + 1)]
     head = {"id": answer["id"], "object": "chat.completion.chunk", "created": answer["created"],
             "model": answer["model"]}
@@ -188,7 +202,7 @@ def sse_chunks(answer: dict[str, Any], with_usage: bool) -> tuple[list[bytes], l
     for i in range(n):
         extra = {"token_ids": [ids[i]]} if i < len(ids) else {}
         logprobs = {"content": [lp[i]]} if i < len(lp) else None
-        tokens.append(event({"content": text[cuts[i]:cuts[i + 1]]}, logprobs=logprobs, **extra))
+        tokens.append(event(_split(text, cuts[i], cuts[i + 1], len(reasoning)), logprobs=logprobs, **extra))
     tail = []
     if message.get("tool_calls"):
         tail.append(event({"tool_calls": [{**c, "index": k} for k, c in enumerate(message["tool_calls"])]}))

@@ -48,3 +48,25 @@ def test_a_cut_that_changes_the_ids_stops_the_double(tokenizer_dir, monkeypatch)
     segmented = upstream.SegmentTokenizer(tokenizer, marker="ing")
     with pytest.raises(RuntimeError, match="segment cache"):
         segmented.encode("the testing of something interesting", add_special_tokens=False)
+
+
+@pytest.mark.parametrize("reasoning, content", [("Think first. 思考", "Then answer ✓"), ("", "Only an answer"),
+                                                ("Only thinking", None), ("r", "c")])
+def test_the_streamed_chunks_carry_the_answers_reasoning_and_content(monkeypatch, reasoning, content):
+    """As vLLM's reasoning parser streams them: `reasoning` deltas, then `content`; joined, the non-streamed
+    message's. A stream without the reasoning made every streamed chat-mode turn a re-render of the history
+    without it (docs/benchmarks.md, 256 sessions streamed)."""
+    import json
+
+    upstream = load_script(monkeypatch, "bench_upstream")
+    answer = {"id": "x", "created": 1, "model": "m", "usage": {},
+              "choices": [{"index": 0, "finish_reason": "stop", "token_ids": list(range(7)),
+                           "logprobs": {"content": [{"logprob": -0.5}] * 7},
+                           "message": {"role": "assistant", "content": content, "reasoning": reasoning or None}}]}
+    role, tokens, tail = upstream.sse_chunks(answer, with_usage=False)
+    deltas = [json.loads(chunk.removeprefix(b"data: ").strip())["choices"][0]["delta"] for chunk in tokens]
+    assert len(deltas) == 7
+    assert "".join(d.get("reasoning", "") for d in deltas) == reasoning
+    assert "".join(d.get("content", "") for d in deltas) == (content or "")
+    kinds = [k for d in deltas for k in d if d[k]]
+    assert kinds == sorted(kinds, key=lambda k: k == "content")  # all reasoning before any content
