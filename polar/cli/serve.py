@@ -49,7 +49,12 @@ def proxy(upstream, upstream_model, tokenizer, db, mode, host, port, web, web_po
     if workers > 1:
         raise SystemExit(_serve_workers(config, workers))
     click.echo(f"polar {mode} proxy on http://{host}:{port} → {upstream}; captures in {db}{web_url}")
-    asyncio.run(serve(config))
+    from mitmproxy.exceptions import OptionsError
+
+    try:
+        asyncio.run(serve(config))
+    except OptionsError as exc:  # a --set value polar refuses: say so, without a traceback
+        raise click.ClickException(str(exc)) from None
 
 
 def _serve_workers(config, count: int) -> int:

@@ -159,8 +159,7 @@ class PolarAddon:
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
-        if "polar_hot_sessions" in updated and opts.polar_hot_sessions < 1:
-            raise exceptions.OptionsError(f"polar_hot_sessions must be at least 1, not {opts.polar_hot_sessions}")
+        _check(opts, updated)
         old = self.gateway
         if old is not None and not updated & (WRITER_OPTIONS | BACKEND_OPTIONS | GATEWAY_OPTIONS):
             return
@@ -334,3 +333,13 @@ class PolarAddon:
         for writer in {id(g.writer): g.writer for g in gateways if g is not None}.values():
             writer.close()
 
+
+def _check(opts, updated: set[str]) -> None:
+    """What mitmproxy lets through: `--set` does not hold a value to its option's choices (a typo in the commit
+    mode would capture with another one, silently), and no option has a lower bound."""
+    for name in sorted(n for n in updated if n.startswith("polar_")):
+        choices = opts._options[name].choices
+        if choices and getattr(opts, name) not in choices:
+            raise exceptions.OptionsError(f"{name} must be one of {', '.join(choices)}, not {getattr(opts, name)!r}")
+    if "polar_hot_sessions" in updated and opts.polar_hot_sessions < 1:
+        raise exceptions.OptionsError(f"polar_hot_sessions must be at least 1, not {opts.polar_hot_sessions}")

@@ -81,3 +81,35 @@ def test_hot_sessions_size_every_per_session_cache_of_the_live_gateway(tmp_path,
         else:
             raise AssertionError("polar_hot_sessions=0 was accepted")
         assert addon.gateway.histories.max_bytes == 3000 * AGENT_BODY_BYTES
+
+
+def test_a_value_outside_an_options_choices_is_refused(tmp_path, monkeypatch):
+    """mitmproxy's `--set` does not hold a value to the option's choices: a mistyped commit mode would have
+    captured with another one, silently."""
+    from mitmproxy import exceptions
+
+    monkeypatch.chdir(tmp_path)
+    addon = PolarAddon()
+    with _master(addon) as tctx:
+        tctx.configure(addon, polar_db=str(tmp_path / "a.db"), polar_upstream="http://127.0.0.1:9")
+        for name, value in (("polar_db_sync", "OFF"), ("polar_token_endpoint", "chat")):
+            try:
+                tctx.configure(addon, **{name: value})
+            except exceptions.OptionsError as exc:
+                assert name in str(exc) and repr(value) in str(exc)
+            else:
+                raise AssertionError(f"{name}={value} was accepted")
+        assert addon.gateway.writer.synchronous == "FULL"
+
+
+def test_polar_proxy_says_which_set_value_it_refuses(tmp_path):
+    import subprocess
+    import sys
+
+    for setting, said in (("polar_db_sync=BAD", "polar_db_sync must be one of FULL, NORMAL, not 'BAD'"),
+                          ("polar_hot_sessions=0", "polar_hot_sessions must be at least 1, not 0")):
+        run = subprocess.run([sys.executable, "-m", "polar.cli", "proxy", "--upstream", "http://127.0.0.1:9",
+                              "--port", "0", "--db", str(tmp_path / "c.db"), "--set", setting],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 1 and f"Error: {said}" in run.stderr, run.stderr[-2000:]
+        assert "Traceback" not in run.stderr
