@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from polar.capture import bodies
+from polar.capture.working_set import AGENT_BODY_BYTES, DEFAULT, HOT_SESSIONS, RECENT_S, Budgets, Evictions
 from polar.providers.history import Histories
 from polar.sessions.state import SessionState, SessionStates, Turn
-from polar.working_set import AGENT_BODY_BYTES, DEFAULT, HOT_SESSIONS, RECENT_S, Budgets, Evictions
 from tests.providers.test_history import fixture
 
 
@@ -39,7 +39,7 @@ def test_a_session_idle_past_the_window_is_dropped_quietly(caplog):
     clock = Clock()
     watch = Evictions("things", clock)
     clock.t += RECENT_S + 1
-    with caplog.at_level(logging.WARNING, "polar.working_set"):
+    with caplog.at_level(logging.WARNING, "polar.capture.working_set"):
         watch.dropped(1000.0)
     assert watch.recent == 0 and not caplog.records
 
@@ -47,7 +47,7 @@ def test_a_session_idle_past_the_window_is_dropped_quietly(caplog):
 def test_recent_drops_warn_once_a_window_with_their_count(caplog):
     clock = Clock()
     watch = Evictions("things", clock)
-    with caplog.at_level(logging.WARNING, "polar.working_set"):
+    with caplog.at_level(logging.WARNING, "polar.capture.working_set"):
         for _ in range(5):
             watch.dropped(clock.t - 1)
             clock.t += 1

@@ -48,7 +48,7 @@ import zstandard
 
 from polar.capture.dictionaries import SIZE, Dictionaries, decompress
 from polar.capture.tokens import common_prefix_len
-from polar.working_set import DEFAULT, Evictions
+from polar.capture.working_set import DEFAULT, Evictions
 
 SMALL = 1024  # bodies up to this many bytes are stored as they are, and never serve as a base
 CHAIN = 128  # bodies per keyframe at most: reading one row alone decompresses at most this many

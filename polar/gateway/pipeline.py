@@ -31,6 +31,7 @@ from polar.canonical import ChatRequest, ChatResult
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, MessageLog, TokenRecord, encode_messages
 from polar.capture.tokens import as_ids
+from polar.capture.working_set import Budgets
 from polar.capture.writer import CaptureError, CaptureWriter
 from polar.errors import GatewayError
 from polar.gateway.body import decode
@@ -45,7 +46,6 @@ from polar.sessions.identity import Identity, SessionRegistry, redact
 from polar.sessions.state import SessionState, SessionStates, SessionView, new_turn
 from polar.tokens.shaping import ANY_TEMPLATE, shape
 from polar.upstream.base import Backend, UpstreamStream
-from polar.working_set import Budgets
 
 log = logging.getLogger("polar.gateway")
 
@@ -94,7 +94,7 @@ class Gateway:
         self.keepalive_s = keepalive_s  # silence on a stream after which the client gets a keep-alive
 
     def size_caches(self, budgets: Budgets) -> None:
-        """Size the per-session caches (working_set.py) for as many sessions taking turns at once."""
+        """Size the per-session caches (capture/working_set.py) for as many sessions taking turns at once."""
         self.histories.max_bytes = budgets.history_bytes
         self.states.max_tokens, self.states.max_sessions = budgets.state_tokens, budgets.state_sessions
         self.writer.size_bases(budgets.base_bytes)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from mitmproxy import contentviews, ctx, exceptions, http
 
-from polar import working_set
+from polar.capture import working_set
 from polar.capture.writer import CaptureWriter
 from polar.errors import GatewayError
 from polar.gateway.gate import SamplingGate

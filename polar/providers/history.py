@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from polar.canonical import Message
+from polar.capture.working_set import DEFAULT, Evictions
 from polar.json_values import exact, same
-from polar.working_set import DEFAULT, Evictions
 
 T = TypeVar("T")
 

@@ -28,8 +28,8 @@ import numpy as np
 from polar.canonical import ChatRequest, ChatResult, Message
 from polar.capture.records import Lineage, MessageLog
 from polar.capture.tokens import as_ids, common_prefix_len
+from polar.capture.working_set import DEFAULT, Evictions
 from polar.sessions.fingerprints import answer_message, message_fingerprint, request_context_key
-from polar.working_set import DEFAULT, Evictions
 
 log = logging.getLogger("polar.sessions")
 

@@ -55,7 +55,7 @@ def test_each_option_rebuilds_only_its_part(tmp_path, tokenizer_dir, monkeypatch
 def test_hot_sessions_size_every_per_session_cache_of_the_live_gateway(tmp_path, monkeypatch):
     from mitmproxy import exceptions
 
-    from polar.working_set import AGENT_BODY_BYTES, DEFAULT
+    from polar.capture.working_set import AGENT_BODY_BYTES, DEFAULT
 
     monkeypatch.chdir(tmp_path)
     addon = PolarAddon()

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-log = logging.getLogger("polar.working_set")
+log = logging.getLogger("polar.capture.working_set")
 
 AGENT_BODY_BYTES = 600 * 1024  # a 128k-token coding agent's request body: ~450-550 KB of JSON
 AGENT_CONTEXT_TOKENS = 160 * 1024
