@@ -81,7 +81,7 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self._encode = ids_encoder(tokenizer)
         self.template_text = text
-        install(_compiled(text))  # tools prepared once per tool (tool_json.py)
+        install(text)  # tools prepared once per tool (tool_json.py)
         self.name = name  # how rewrite notes and errors name the template (its file, or the model dir)
         self.family = family_for_template(text)
         ids = [tokenizer.eos_token_id, *(eos_token_ids or [])]
@@ -313,10 +313,3 @@ def _generation_eos_ids(path: Path) -> list[int]:
     value = json.loads(config.read_text()).get("eos_token_id")
     return [value] if isinstance(value, int) else [i for i in value or [] if isinstance(i, int)]
 
-
-def _compiled(text: str) -> Any:
-    """transformers' compiled template for this text: the very object `apply_chat_template` renders with (it
-    caches one per text)."""
-    from transformers.utils.chat_template_utils import _compile_jinja_template
-
-    return _compile_jinja_template(text)

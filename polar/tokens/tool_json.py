@@ -43,15 +43,17 @@ _plain: ObjectMemo[Any] | None = None  # ToolDict -> transformers' plain copy of
 _json: dict[int, tuple[Any, dict[tuple, str]]] = {}  # id(plain copy) -> (the copy, tojson's texts by arguments)
 
 
-def install(compiled_template: Any) -> None:
-    """Once per process: transformers' plain copy kept per ToolDict. Once per template: its `tojson` filter
-    keeps what it writes for those copies."""
+def install(template_text: str) -> None:
+    """Once per process: transformers' plain copy kept per ToolDict. Once per template text: the `tojson`
+    filter of transformers' compiled template for it (the very object `apply_chat_template` renders with; it
+    caches one per text) keeps what it writes for those copies."""
     global _plain
     import transformers.utils.chat_template_utils as chat_utils
 
     with _lock:
         original = getattr(chat_utils, "_plain_template_data", None)
-        if original is None:
+        compile_template = getattr(chat_utils, "_compile_jinja_template", None)
+        if original is None or compile_template is None:
             return
         if _plain is None and not getattr(original, "polar", False):
             _plain = ObjectMemo(_copy_once(original), KEPT)
@@ -63,7 +65,7 @@ def install(compiled_template: Any) -> None:
 
             plain_template_data.polar = True  # type: ignore[attr-defined]
             chat_utils._plain_template_data = plain_template_data
-        _wrap_tojson(compiled_template)
+        _wrap_tojson(compile_template(template_text))
 
 
 def _copy_once(original: Any):

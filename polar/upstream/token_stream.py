@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from polar.canonical import ChatRequest, ChatResult, Delta, ToolCallDelta
 from polar.errors import GatewayError
 from polar.tokens.stream_parse import IncrementalDecoder, TurnStream
-from polar.tokens.tool_json import openai_tool
+from polar.tokens.template import openai_tools
 from polar.upstream.http import StreamRequest, response_json, take_batch
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ class TokenStream:
         self.eos = set(template.eos_token_ids)
         self.decoder = IncrementalDecoder(template.tokenizer)
         self.turn = TurnStream(template.family, think_open=template.generation_prompt_opens_think(request.thinking.enabled),
-                               tools=[openai_tool(tool) for tool in request.tools], stop_strings=request.sampling.stop)
+                               tools=openai_tools(request.tools), stop_strings=request.sampling.stop)
         self.ids: list[int] = []
         self.logprobs: list[Any] = []
         self.finish: str | None = None

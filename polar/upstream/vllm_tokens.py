@@ -23,8 +23,7 @@ from polar.sessions.state import Extension, SessionView
 from polar.tokens.messages import to_openai_messages
 from polar.tokens.parsers import ParsedTurn
 from polar.tokens.shaping import TemplateTraits
-from polar.tokens.template import ChatTemplate
-from polar.tokens.tool_json import openai_tool
+from polar.tokens.template import ChatTemplate, openai_tools
 from polar.upstream.base import UpstreamStream
 from polar.upstream.http import StreamRequest
 from polar.upstream.results import logprobs_or_none
@@ -91,7 +90,7 @@ class TokenFaithful:
     # -- prompt construction ---------------------------------------------------------------
 
     def _tools(self, request: ChatRequest) -> list[dict[str, Any]] | None:
-        return [openai_tool(tool) for tool in request.tools] or None  # each made once (tool_json.py)
+        return openai_tools(request.tools) or None  # each made once (tool_json.py)
 
     def _render_all(self, request: ChatRequest) -> list[int]:
         messages = [m for msg in request.messages for m in to_openai_messages(msg)]

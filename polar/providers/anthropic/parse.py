@@ -138,24 +138,30 @@ class _Reader:
 
     def _billing_only(self, block: dict) -> bool:
         text = block.get("text")
-        if block["type"] != "text" or not isinstance(text, str) or _BILLING_MARK not in text:
-            return False
-        if _BILLING_LINE.sub("", text).strip():
+        stripped = _without_billing(text) if block["type"] == "text" and isinstance(text, str) else None
+        if stripped is None or stripped.strip():
             return False
         self.rewrites.append(_BILLING_NOTE)
         return True
 
 
+def _without_billing(text: str) -> str | None:
+    """The text without Claude Code's billing line; None when it holds none."""
+    if _BILLING_MARK not in text:  # a substring test first: the regex over an 18 KB prompt costs 70 µs
+        return None
+    stripped = _BILLING_LINE.sub("", text)
+    return None if stripped == text else stripped
+
+
 def _system_message(blocks: list[Block]) -> tuple[list[Message], list[str]]:
     parts, notes = [], []
     for part in _text_parts(blocks):
-        if _BILLING_MARK in part.text:  # a substring test first: the regex over an 18 KB prompt costs 70 µs
-            text = _BILLING_LINE.sub("", part.text)
-            if text != part.text:
-                notes.append(_BILLING_NOTE)
-                if not text.strip():
-                    continue
-                part = part.model_copy(update={"text": text})
+        stripped = _without_billing(part.text)
+        if stripped is not None:
+            notes.append(_BILLING_NOTE)
+            if not stripped.strip():
+                continue
+            part = part.model_copy(update={"text": stripped})
         parts.append(part)
     return ([Message(role="system", content=parts)] if parts else []), notes
 
