@@ -53,6 +53,7 @@ from polar.capture.writer import CaptureWriter  # noqa: E402
 from polar.providers.openai_chat import ChatContext, OpenAIChat  # noqa: E402
 from polar.providers.reasoning_seal import Sealer  # noqa: E402
 from polar.sessions.fingerprints import message_fingerprint, request_context_key  # noqa: E402
+from polar.sessions.shared_ids import SharedIds  # noqa: E402
 from polar.sessions.state import SessionState, Turn  # noqa: E402
 from polar.tokens import ChatTemplate  # noqa: E402
 from polar.tokens.messages import to_openai_messages  # noqa: E402
@@ -337,16 +338,16 @@ def build_one(template: ChatTemplate, buffers: SessionState, request: ChatReques
     elif ext is not None:
         item.template_s, cont = best_of(repeat, lambda: template.continuation(
             [m for msg in ext.new_messages for m in to_openai_messages(msg)], tools, thinking,
-            previous_ended_with_eos=int(ext.turn.ids[-1]) == template.end_of_turn_id))
+            previous_ended_with_eos=ext.turn.ids.last() == template.end_of_turn_id))
         if cont.failure:
             item.mode = f"re-render: {cont.failure}"
         else:
-            item.copy_s, ids = best_of(repeat, lambda: ext.turn.ids.tolist() + cont.ids)
+            item.copy_s, ids = best_of(repeat, lambda: ext.turn.ids.array().tolist() + cont.ids)
             item.prompt, item.mode, item.identical = ids, "token-faithful", ids == rr_ids
             item.new_tokens = len(cont.ids)
     turn_s, turn = best_of(repeat, lambda: Turn(
         row=row,
-        ids=np.concatenate([np.asarray(item.prompt, "<u4"), np.asarray(call.sampled, "<u4")]),
+        ids=shared_ids(buffers, np.concatenate([np.asarray(item.prompt, "<u4"), np.asarray(call.sampled, "<u4")])),
         prompt_len=len(item.prompt),
         context_key=request_context_key(request),
         message_keys=[message_fingerprint(m) for m in request.messages],
@@ -355,6 +356,12 @@ def build_one(template: ChatTemplate, buffers: SessionState, request: ChatReques
     keep_s, _ = best_of(1, lambda: buffers.add(turn, keep=16))
     item.record_s = turn_s + keep_s  # the list update is not repeatable: it runs once
     return item
+
+
+def shared_ids(state: SessionState, ids: np.ndarray) -> SharedIds:
+    """A turn's ids held as the gateway holds them: views of the earlier turn they repeat the start of."""
+    branch = state.branch_point(ids)
+    return branch.turn.ids.branch(branch.shared, ids[branch.shared:]) if branch.turn else SharedIds.of(ids)
 
 
 # -- storage: a real capture database ----------------------------------------------------------------
@@ -419,7 +426,8 @@ async def write_call(writer: CaptureWriter, state: SessionState, session: str, c
     end.tokens = TokenRecord(call.prompt, call.sampled, call.logprobs, state.lineage(call.prompt))
     row_id = await writer.finish(row_id, start, end)
     state.messages = end.messages.log(row_id, end.canonical["messages"])
-    state.add(Turn(row_id, np.asarray([*call.prompt, *call.sampled], "<u4"), len(call.prompt), "", [], ""), keep=16)
+    state.add(Turn(row_id, shared_ids(state, np.asarray([*call.prompt, *call.sampled], "<u4")), len(call.prompt), "", [],
+                   ""), keep=16)
 
 
 def store_session(path: Path, calls: list[Call], built: list[Built], seed: int) -> Stored:

@@ -12,6 +12,7 @@ import pytest
 from polar.capture import bodies
 from polar.capture.working_set import AGENT_BODY_BYTES, DEFAULT, HOT_SESSIONS, RECENT_S, Budgets, Evictions
 from polar.providers.history import Histories
+from polar.sessions.shared_ids import SharedIds
 from polar.sessions.state import SessionState, SessionStates, Turn
 from tests.providers.test_history import fixture
 
@@ -80,7 +81,7 @@ def test_bases_say_when_round_robin_turns_outgrow_them():
 def test_session_states_say_when_round_robin_turns_outgrow_them():
     states = SessionStates(max_sessions=2)
     for session in "abcabc":
-        turn = Turn(row=1, ids=np.arange(4, dtype=np.uint32), prompt_len=2, context_key="", message_keys=[],
+        turn = Turn(row=1, ids=SharedIds.of(np.arange(4, dtype=np.uint32)), prompt_len=2, context_key="", message_keys=[],
                     answer_key="")
         state = SessionState(turns=[turn])
         states._put(session, state)

@@ -11,7 +11,9 @@ row has committed, and a session missing from memory (first call after a restart
 rebuilt from the database on its next call, off the event loop. Limits (documented in the README):
 `max_sessions` sessions, `turns_per_session` turns each (sub-agents interleave lineages, so the last
 call is not always the parent), and `max_tokens` ids in all; the least recently used session goes
-first. A turn that a new one extends is dropped, so a lineage holds one buffer (linear memory).
+first. A turn that a new one extends is dropped, and a turn holds the ids it shares with the earlier turn
+it branches from as views of that turn's memory (sessions/shared_ids.py), so memory is linear in the
+context whether or not turns are prefixes of each other.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ import numpy as np
 
 from polar.canonical import ChatRequest, ChatResult, Message
 from polar.capture.records import Lineage, MessageLog
-from polar.capture.tokens import as_ids, common_prefix_len
+from polar.capture.tokens import as_ids
 from polar.capture.working_set import DEFAULT, Evictions
 from polar.sessions.fingerprints import answer_message, message_fingerprint, request_context_key
+from polar.sessions.shared_ids import SharedIds, held_tokens
 
 log = logging.getLogger("polar.sessions")
 
@@ -37,7 +40,7 @@ log = logging.getLogger("polar.sessions")
 @dataclass
 class Turn:
     row: int  # the capture row holding these ids
-    ids: np.ndarray  # prompt ids + sampled ids (stop token included)
+    ids: SharedIds  # prompt ids + sampled ids (stop token included), sharing the parent turn's memory
     prompt_len: int
     context_key: str  # tools and thinking mode: a prefix is reusable only under the same ones
     message_keys: list[str]  # fingerprints of the request's messages
@@ -61,19 +64,24 @@ class SessionState:
 
     @property
     def tokens(self) -> int:
-        return sum(len(t.ids) for t in self.turns)
+        """Ids held in memory (a buffer shared by several turns counts once)."""
+        return held_tokens(t.ids for t in self.turns)
+
+    def branch_point(self, prompt_ids) -> Branch:
+        """The turn sharing the prompt's longest prefix, and how long that prefix is."""
+        prompt = as_ids(prompt_ids)
+        best = Branch(None, 0)
+        for turn in reversed(self.turns):  # the newest first: the longest, so older ones can seldom beat it
+            if len(turn.ids) <= best.shared:
+                continue
+            shared = turn.ids.common_prefix_len(prompt)
+            if shared > best.shared:
+                best = Branch(turn, shared)
+        return best
 
     def lineage(self, prompt_ids) -> Lineage:
-        """How to store a prompt: the turn sharing its longest prefix, and how long that prefix is."""
-        prompt = as_ids(prompt_ids)
-        best = Lineage(None, 0)
-        for turn in reversed(self.turns):  # the newest first: the longest, so older ones can seldom beat it
-            if len(turn.ids) <= best.prefix_len:
-                continue
-            shared = common_prefix_len(prompt, turn.ids)
-            if shared > best.prefix_len:
-                best = Lineage(turn.row, shared)
-        return best
+        """How to store a prompt: as the ids it shares with the turn of its longest prefix, then its own."""
+        return self.branch_point(prompt_ids).lineage
 
     def extension(self, request: ChatRequest, keys: list[str]) -> tuple[Extension | None, str]:
         """The longest earlier turn this request extends, or None and the reason why not."""
@@ -99,15 +107,20 @@ class SessionState:
 
     def add(self, turn: Turn, keep: int) -> None:
         """Keep `turn`; turns whose ids it extends are dropped (they are its prefix)."""
-        kept = [t for t in self.turns if not _extends(turn.ids, t.ids)]
+        kept = [t for t in self.turns if not turn.ids.starts_with(t.ids)]
         self.turns = [*kept, turn][-keep:]
 
 
-def _extends(ids: np.ndarray, prefix: np.ndarray) -> bool:
-    """Whether `ids` starts with `prefix`; the last id first, which tells most others apart at once (in chat
-    mode the template re-renders earlier turns, so no turn's ids are the next one's prefix)."""
-    n = len(prefix)
-    return n <= len(ids) and (n == 0 or ids[n - 1] == prefix[n - 1]) and common_prefix_len(prefix, ids) == n
+@dataclass(frozen=True)
+class Branch:
+    """Where a prompt leaves the session's turns: the turn it shares most with, and how many ids."""
+
+    turn: Turn | None
+    shared: int
+
+    @property
+    def lineage(self) -> Lineage:
+        return Lineage(self.turn.row if self.turn is not None else None, self.shared)
 
 
 @dataclass
@@ -121,12 +134,19 @@ class SessionView:
         return self.state.extension(request, self.keys)
 
 
-def new_turn(row: int, request: ChatRequest, keys: list[str], result: ChatResult, prompt=None) -> Turn:
-    """`prompt`: the prompt ids already as an array (the gateway converts them once per call)."""
+def new_turn(row: int, request: ChatRequest, keys: list[str], result: ChatResult, prompt=None,
+             branch: Branch | None = None) -> Turn:
+    """`prompt`: the prompt ids already as an array (the gateway converts them once per call); `branch`: the
+    earlier turn whose first ids the prompt repeats (SessionState.branch_point), held as views of its memory."""
     prompt = as_ids(result.prompt_token_ids if prompt is None else prompt)
+    completion = as_ids(result.completion_token_ids)
+    if branch is not None and branch.turn is not None and branch.shared:
+        ids = branch.turn.ids.branch(branch.shared, np.concatenate([prompt[branch.shared:], completion]))
+    else:
+        ids = SharedIds.of(prompt, completion)
     return Turn(
         row=row,
-        ids=np.concatenate([prompt, as_ids(result.completion_token_ids)]),
+        ids=ids,
         prompt_len=len(result.prompt_token_ids),
         context_key=request_context_key(request),
         message_keys=keys,
@@ -215,7 +235,9 @@ class SessionStates:
                 {**result, "prompt_token_ids": row["prompt_ids"], "completion_token_ids": row["completion_ids"]}
             )
             keys = [message_fingerprint(m) for m in request.messages]
-            state.add(new_turn(row["id"], request, keys, answer), self.turns_per_session)
+            prompt = as_ids(row["prompt_ids"])
+            turn = new_turn(row["id"], request, keys, answer, prompt, state.branch_point(prompt))
+            state.add(turn, self.turns_per_session)
         if rows and rows[-1].get("canonical"):
             state.messages = MessageLog.rebuilt(rows[-1]["id"], rows[-1]["canonical"]["messages"])
         return state

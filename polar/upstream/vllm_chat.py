@@ -126,7 +126,7 @@ class VLLMChat:
 
 def previous_ids(session: SessionView | None) -> np.ndarray | None:
     """The ids of the session's newest turn: what vLLM's prompt ids most likely start with (read_chat_answer)."""
-    return session.state.turns[-1].ids if session is not None and session.state.turns else None
+    return session.state.turns[-1].ids.array() if session is not None and session.state.turns else None
 
 
 def parse_chat_completion(data: Any, call_id: str, request: ChatRequest, started: float) -> ChatResult:

@@ -99,7 +99,7 @@ class TokenFaithful:
     def _extend(self, ext: Extension, request: ChatRequest) -> tuple[np.ndarray | None, str]:
         new = [m for msg in ext.new_messages for m in to_openai_messages(msg)]
         sampled_any = len(ext.turn.ids) > ext.turn.prompt_len
-        ended_with_eos = sampled_any and int(ext.turn.ids[-1]) == self.template.end_of_turn_id
+        ended_with_eos = sampled_any and ext.turn.ids.last() == self.template.end_of_turn_id
         cont = self.template.continuation(
             new, self._tools(request), request.thinking.enabled, previous_ended_with_eos=bool(ended_with_eos)
         )
@@ -107,7 +107,7 @@ class TokenFaithful:
             return None, f"template cannot render the new messages alone: {cont.failure}"
         mode = "token-faithful" + (" (closed a truncated turn)" if cont.closed_truncated_turn else "")
         # An array: the earlier turn's ids are never made Python ints (they go upstream through orjson).
-        return np.concatenate([ext.turn.ids, np.asarray(cont.ids, dtype=ext.turn.ids.dtype)]), mode
+        return ext.turn.ids.extended(cont.ids), mode
 
     # -- sampling ----------------------------------------------------------------------------
 

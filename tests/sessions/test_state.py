@@ -11,8 +11,13 @@ from hypothesis import strategies as st
 from polar.canonical import ChatRequest, ChatResult, Message, TextPart
 from polar.capture.records import MessageLog
 from polar.sessions.fingerprints import message_fingerprint
+from polar.sessions.shared_ids import SharedIds
 from polar.sessions.state import SessionStates, Turn, new_turn
 from tests.support.captures import Recorder
+
+
+def _ids(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.uint32)
 
 
 def _msg(role: str, text: str) -> Message:
@@ -51,7 +56,7 @@ def test_a_session_is_rebuilt_from_the_database_after_a_restart(tmp_path):
     state, same = asyncio.run(run())
     assert state is same and [t.row for t in state.turns] == [row2]  # the first turn is the second's prefix
     turn = state.turns[0]
-    assert turn.ids.tolist() == [1, 2, 3, 10, 11, 99, 4, 5, 12, 99] and turn.prompt_len == 8
+    assert turn.ids.array().tolist() == [1, 2, 3, 10, 11, 99, 4, 5, 12, 99] and turn.prompt_len == 8
     third = _request(*second.messages, _msg("assistant", "sure"), _msg("user", "again"))
     ext, why = state.extension(third, [message_fingerprint(m) for m in third.messages])
     assert why == "" and ext.turn is turn and [m.text() for m in ext.new_messages] == ["again"]
@@ -62,7 +67,7 @@ def test_a_session_is_rebuilt_from_the_database_after_a_restart(tmp_path):
 
 def test_state_changes_only_through_record_and_unknown_sessions_are_left_to_rebuild():
     states = SessionStates()
-    states.record("never-read", Turn(1, np.asarray([1], "<u4"), 1, "", [], ""), None)
+    states.record("never-read", Turn(1, SharedIds.of([1]), 1, "", [], ""), None)
     assert len(states) == 0  # its next call reads it from the database, this row included
     state = asyncio.run(states.get("s"))
     request = _request(_msg("user", "hi"))
@@ -81,11 +86,11 @@ def test_one_lru_policy_bounds_sessions_turns_and_tokens():
     for name in ("a", "b"):
         asyncio.run(touch(name))
     for row in range(3):  # unrelated lineages (sub-agents): at most two kept
-        states.record("a", Turn(row, np.asarray([100 + row], "<u4"), 1, "", [], ""), None)
+        states.record("a", Turn(row, SharedIds.of([100 + row]), 1, "", [], ""), None)
     assert [t.row for t in asyncio.run(states.get("a")).turns] == [1, 2]
     asyncio.run(touch("c"))  # "b" is the least recently used
     assert asyncio.run(states.get("a")).turns and len(states) == 2
-    states.record("a", Turn(9, np.arange(20, dtype="<u4"), 10, "", [], ""), None)  # over max_tokens
+    states.record("a", Turn(9, SharedIds.of(np.arange(20, dtype="<u4")), 10, "", [], ""), None)  # over max_tokens
     assert len(states) == 1  # the least recently used went first, the active session stays
 
 
@@ -109,14 +114,14 @@ def test_lineage_is_the_longest_shared_prefix_and_add_drops_exactly_the_prefixes
 
     state = SessionState()
     for row, ids in enumerate(earlier):
-        state.turns.append(Turn(row, np.asarray(ids, dtype=np.uint32), len(ids), "k", [], "a"))
+        state.turns.append(Turn(row, SharedIds.of(_ids(ids)), len(ids), "k", [], "a"))
     ids = np.asarray(prompt, dtype=np.uint32)
     best = state.lineage(ids)
-    assert best.prefix_len == max([common_prefix_len(ids, t.ids) for t in state.turns], default=0)
+    assert best.prefix_len == max([common_prefix_len(ids, t.ids.array()) for t in state.turns], default=0)
     assert best.parent is None if best.prefix_len == 0 else \
-        common_prefix_len(ids, state.turns[best.parent].ids) == best.prefix_len
+        common_prefix_len(ids, state.turns[best.parent].ids.array()) == best.prefix_len
     before = list(state.turns)
-    state.add(Turn(99, ids, len(ids), "k", [], "a"), keep=100)
+    state.add(Turn(99, SharedIds.of(ids), len(ids), "k", [], "a"), keep=100)
     dropped = [t for t in before if t not in state.turns]
-    assert all(len(t.ids) <= len(ids) and list(ids[: len(t.ids)]) == list(t.ids) for t in dropped)
-    assert not any(len(t.ids) <= len(ids) and list(ids[: len(t.ids)]) == list(t.ids) for t in state.turns[:-1])
+    assert all(len(t.ids) <= len(ids) and list(ids[: len(t.ids)]) == t.ids.array().tolist() for t in dropped)
+    assert not any(len(t.ids) <= len(ids) and list(ids[: len(t.ids)]) == t.ids.array().tolist() for t in state.turns[:-1])

@@ -16,6 +16,7 @@ from polar.capture.bodies import unpack
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages
 from polar.capture.writer import CaptureWriter
+from polar.sessions.shared_ids import SharedIds
 from polar.sessions.state import SessionState, Turn
 
 
@@ -53,11 +54,13 @@ class Recorder:
         state = self._sessions.setdefault(session, SessionState())
         if logprobs is None and not no_logprobs:
             logprobs = [-0.25 - i / 100 for i in range(len(completion))]
-        tokens = TokenRecord(prompt, completion, logprobs, state.lineage(prompt))
+        branch = state.branch_point(prompt)
+        tokens = TokenRecord(prompt, completion, logprobs, branch.lineage)
         end = self._end("ok", messages, metadata, state, continues=continues, finish_reason=finish, prompt_mode=mode, policy_version=policy,
                         model="test-model", tokens=tokens, result=json.dumps(result) if result else None)
         row_id = self._write(session, end, provider, state)
         ids = np.asarray([*prompt, *completion], dtype="<u4")
+        ids = branch.turn.ids.branch(branch.shared, ids[branch.shared:]) if branch.turn else SharedIds.of(ids)
         state.add(Turn(row_id, ids, len(prompt), "", [], ""), keep=16)
         return row_id
 
