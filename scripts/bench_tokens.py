@@ -38,7 +38,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -53,7 +52,6 @@ from polar.capture.writer import CaptureWriter  # noqa: E402
 from polar.providers.openai_chat import ChatContext, OpenAIChat  # noqa: E402
 from polar.providers.reasoning_seal import Sealer  # noqa: E402
 from polar.sessions.fingerprints import message_fingerprint, request_context_key  # noqa: E402
-from polar.sessions.shared_ids import SharedIds  # noqa: E402
 from polar.sessions.state import SessionState, Turn  # noqa: E402
 from polar.tokens import ChatTemplate  # noqa: E402
 from polar.tokens.messages import to_openai_messages  # noqa: E402
@@ -347,7 +345,7 @@ def build_one(template: ChatTemplate, buffers: SessionState, request: ChatReques
             item.new_tokens = len(cont.ids)
     turn_s, turn = best_of(repeat, lambda: Turn(
         row=row,
-        ids=shared_ids(buffers, np.concatenate([np.asarray(item.prompt, "<u4"), np.asarray(call.sampled, "<u4")])),
+        ids=buffers.branch_point(item.prompt).hold(item.prompt, call.sampled),
         prompt_len=len(item.prompt),
         context_key=request_context_key(request),
         message_keys=[message_fingerprint(m) for m in request.messages],
@@ -356,12 +354,6 @@ def build_one(template: ChatTemplate, buffers: SessionState, request: ChatReques
     keep_s, _ = best_of(1, lambda: buffers.add(turn, keep=16))
     item.record_s = turn_s + keep_s  # the list update is not repeatable: it runs once
     return item
-
-
-def shared_ids(state: SessionState, ids: np.ndarray) -> SharedIds:
-    """A turn's ids held as the gateway holds them: views of the earlier turn they repeat the start of."""
-    branch = state.branch_point(ids)
-    return branch.turn.ids.branch(branch.shared, ids[branch.shared:]) if branch.turn else SharedIds.of(ids)
 
 
 # -- storage: a real capture database ----------------------------------------------------------------
@@ -426,7 +418,7 @@ async def write_call(writer: CaptureWriter, state: SessionState, session: str, c
     end.tokens = TokenRecord(call.prompt, call.sampled, call.logprobs, state.lineage(call.prompt))
     row_id = await writer.finish(row_id, start, end)
     state.messages = end.messages.log(row_id, end.canonical["messages"])
-    state.add(Turn(row_id, shared_ids(state, np.asarray([*call.prompt, *call.sampled], "<u4")), len(call.prompt), "", [],
+    state.add(Turn(row_id, state.branch_point(call.prompt).hold(call.prompt, call.sampled), len(call.prompt), "", [],
                    ""), keep=16)
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from polar.canonical import ChatRequest, ChatResult
 from polar.capture.reader import CaptureReader
-from polar.capture.records import CallEnd, CallStart, Lineage, MessageLog, TokenRecord, encode_messages
+from polar.capture.records import CallEnd, CallStart, MessageLog, TokenRecord, encode_messages
 from polar.capture.tokens import as_ids
 from polar.capture.working_set import Budgets
 from polar.capture.writer import CaptureError, CaptureWriter
@@ -43,7 +43,7 @@ from polar.providers.base import HttpReply, Parsed, Provider, Route
 from polar.providers.history import Histories
 from polar.sessions.fingerprints import answer_message, message_fingerprint
 from polar.sessions.identity import Identity, SessionRegistry, redact
-from polar.sessions.state import Branch, SessionState, SessionStates, SessionView, new_turn
+from polar.sessions.state import NO_BRANCH, Branch, SessionState, SessionStates, SessionView, new_turn
 from polar.tokens.shaping import ANY_TEMPLATE, shape
 from polar.upstream.base import Backend, UpstreamStream
 
@@ -307,7 +307,7 @@ class _Call:
     keys: list[str] = field(default_factory=list)
     session: SessionState | None = None
     session_messages: MessageLog = field(default_factory=MessageLog)
-    branch: Branch | None = None  # the earlier turn the prompt repeats the start of, and how much
+    branch: Branch = NO_BRANCH  # the earlier turn the prompt repeats the start of, and how much
     prompt: Any = None  # the prompt ids as a uint32 array
     t_up_start: float = 0.0
     t_upstream: float | None = None
@@ -317,7 +317,7 @@ class _Call:
         """The sampled turn (whole, or as far as a stream got)."""
         self.result, self.t_upstream = result, t_upstream
         self.prompt = as_ids(result.prompt_token_ids)  # converted once: lineage, token columns, turn
-        self.branch = self.session.branch_point(self.prompt) if self.session is not None else None
+        self.branch = self.session.branch_point(self.prompt) if self.session is not None else NO_BRANCH
 
     def fill(self, end: CallEnd, gate: SamplingGate) -> None:
         end.rewrites = [*self.rewrites, *end.rewrites]
@@ -336,4 +336,4 @@ class _Call:
         end.policy_version = gate.version(result.policy_version)
         end.prompt_mode = result.prompt_mode
         end.tokens = TokenRecord(self.prompt, result.completion_token_ids, result.completion_logprobs,
-                                 self.branch.lineage if self.branch is not None else Lineage(None, 0))
+                                 self.branch.lineage)

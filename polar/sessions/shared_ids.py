@@ -48,13 +48,10 @@ class SharedIds:
         the next comparison read without joining."""
         if not 0 <= shared <= self._len:
             raise ValueError(f"cannot share {shared} of {self._len} ids")
-        if shared == self._len:
-            return SharedIds.of(*self.pieces, rest)
         head = self.head(shared)
-        rest = _owned(rest)
-        if len(head) + 1 > MAX_PIECES:
-            return SharedIds((_owned(np.concatenate([*head, rest])),))
-        return SharedIds((*head, rest))
+        if shared == self._len or len(head) >= MAX_PIECES:
+            return SharedIds.of(*head, rest)
+        return SharedIds((*head, _owned(rest)))
 
     def head(self, n: int) -> tuple[np.ndarray, ...]:
         """Views of the first n ids, piece by piece."""

@@ -122,6 +122,15 @@ class Branch:
     def lineage(self) -> Lineage:
         return Lineage(self.turn.row if self.turn is not None else None, self.shared)
 
+    def hold(self, ids, more=()) -> SharedIds:
+        """`ids` then `more`, where `ids` starts with the `shared` ids of `turn`: those held as views of its memory."""
+        if self.turn is None or not self.shared:
+            return SharedIds.of(ids, more)
+        return self.turn.ids.branch(self.shared, np.concatenate([as_ids(ids)[self.shared:], as_ids(more)]))
+
+
+NO_BRANCH = Branch(None, 0)
+
 
 @dataclass
 class SessionView:
@@ -135,18 +144,13 @@ class SessionView:
 
 
 def new_turn(row: int, request: ChatRequest, keys: list[str], result: ChatResult, prompt=None,
-             branch: Branch | None = None) -> Turn:
+             branch: Branch = NO_BRANCH) -> Turn:
     """`prompt`: the prompt ids already as an array (the gateway converts them once per call); `branch`: the
     earlier turn whose first ids the prompt repeats (SessionState.branch_point), held as views of its memory."""
     prompt = as_ids(result.prompt_token_ids if prompt is None else prompt)
-    completion = as_ids(result.completion_token_ids)
-    if branch is not None and branch.turn is not None and branch.shared:
-        ids = branch.turn.ids.branch(branch.shared, np.concatenate([prompt[branch.shared:], completion]))
-    else:
-        ids = SharedIds.of(prompt, completion)
     return Turn(
         row=row,
-        ids=ids,
+        ids=branch.hold(prompt, result.completion_token_ids),
         prompt_len=len(result.prompt_token_ids),
         context_key=request_context_key(request),
         message_keys=keys,

@@ -16,7 +16,6 @@ from polar.capture.bodies import unpack
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages
 from polar.capture.writer import CaptureWriter
-from polar.sessions.shared_ids import SharedIds
 from polar.sessions.state import SessionState, Turn
 
 
@@ -59,9 +58,7 @@ class Recorder:
         end = self._end("ok", messages, metadata, state, continues=continues, finish_reason=finish, prompt_mode=mode, policy_version=policy,
                         model="test-model", tokens=tokens, result=json.dumps(result) if result else None)
         row_id = self._write(session, end, provider, state)
-        ids = np.asarray([*prompt, *completion], dtype="<u4")
-        ids = branch.turn.ids.branch(branch.shared, ids[branch.shared:]) if branch.turn else SharedIds.of(ids)
-        state.add(Turn(row_id, ids, len(prompt), "", [], ""), keep=16)
+        state.add(Turn(row_id, branch.hold(prompt, completion), len(prompt), "", [], ""), keep=16)
         return row_id
 
     def fail(self, session: str, messages: list[dict] | None = None, status: str = "error",
