@@ -21,7 +21,7 @@ whole script instead (reasoning, text, tool calls), `--max-model-len` its contex
 `--cache-entries N` keeps only the N latest answers (sessions that grow turn by turn never repeat a body). `GET /v1/models` is the
 double's (with `max_model_len`), so polar's token-faithful mode runs against it too.
 `--segment-cache` makes the double tokenize a rendered prompt one message at a time, keeping each message's ids
-(`SegmentTokenizer`): the same ids, at the cost of what is new, where vLLM tokenizes the whole prompt on every chat
+(`SegmentTokenizer`, with polar's own `SegmentIds`): the same ids, at the cost of what is new, where vLLM tokenizes the whole prompt on every chat
 call. For runs where that work, ~3 µs a token here, would be the wall time (256 sessions at 100k tokens); it makes
 chat-mode targets look faster than against a real vLLM.
 `GET /_bench/stats` tells how many calls missed the cache (one per distinct body) and lists the
@@ -39,10 +39,8 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import sys
 import time
-from array import array
 from pathlib import Path
 from typing import Any
 
@@ -68,16 +66,20 @@ def long_answer(tokenizer: Any, tokens: int) -> str:
 
 
 class SegmentTokenizer:
-    """A tokenizer whose `encode(text, add_special_tokens=False)` splits the text before each `<|im_start|>`
-    and keeps every piece's ids. Exact for a template's prompt: the tokenizer cuts its input at added tokens
-    before normalising or pre-tokenizing, so the pieces' ids joined are the whole text's (`check` first calls
-    are compared with the whole text's encoding, and a difference stops the double). Everything else is the
-    tokenizer's own."""
+    """A tokenizer whose `encode(text, add_special_tokens=False)` reuses the ids of every piece of the text
+    before a `<|im_start|>` (polar's own `SegmentIds`, polar/tokens/segments.py: exact for a template's prompt).
+    Its first `check` calls are compared with the whole text's encoding, and a difference stops the double.
+    Everything else is the tokenizer's own."""
 
-    def __init__(self, tokenizer: Any, marker: str = "<|im_start|>", entries: int = 500_000, check: int = 3):
-        self._tokenizer, self._entries, self._check = tokenizer, entries, check
-        self._split = re.compile(f"(?={re.escape(marker)})")
-        self._ids: dict[str, array] = {}  # oldest first: evicted first past `entries`
+    def __init__(self, tokenizer: Any, marker: str = "<|im_start|>", max_ids: int = 64_000_000, check: int = 3):
+        from polar.tokens.segments import SegmentIds
+
+        def differ() -> None:
+            raise RuntimeError("the segment cache's ids differ from the tokenizer's: run without --segment-cache")
+
+        self._tokenizer = tokenizer
+        self._ids = SegmentIds(lambda text: tokenizer.encode(text, add_special_tokens=False), marker,
+                               max_ids=max_ids, check=check, on_mismatch=differ)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tokenizer, name)
@@ -88,18 +90,7 @@ class SegmentTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True, **kwargs: Any) -> list[int]:
         if add_special_tokens or kwargs:
             return self._tokenizer.encode(text, add_special_tokens=add_special_tokens, **kwargs)
-        ids: list[int] = []
-        for piece in self._split.split(text):
-            if (known := self._ids.get(piece)) is None:
-                known = self._ids[piece] = array("I", self._tokenizer.encode(piece, add_special_tokens=False))
-                if len(self._ids) > self._entries:
-                    del self._ids[next(iter(self._ids))]
-            ids += known
-        if self._check > 0:
-            self._check -= 1
-            if ids != self._tokenizer.encode(text, add_special_tokens=False):
-                raise RuntimeError("the segment cache's ids differ from the tokenizer's: run without --segment-cache")
-        return ids
+        return self._ids(text)
 
 
 class CachedDouble:

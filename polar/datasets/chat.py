@@ -209,7 +209,7 @@ def rerender_mismatch(template, row: dict[str, Any], token_ids: list[int]) -> st
     parsed = parse_chat_row(row)
     text = template.render(parsed["messages"], parsed["tools"], add_generation_prompt=False,
                            enable_thinking=parsed["chat_template_kwargs"].get("enable_thinking"))
-    ids = template.encode(text)
+    ids = template.whole_encoder()(text)  # rows of one export share their system prompt and tools
     n = next((i for i, (a, b) in enumerate(zip(ids, token_ids)) if a != b), min(len(ids), len(token_ids)))
     if n < len(token_ids):
         got, want = template.decode(ids[n : n + 8]), template.decode(token_ids[n : n + 8])

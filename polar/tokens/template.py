@@ -16,7 +16,7 @@ roles, not from the text of earlier turns. Checks on the probe catch templates t
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from polar.errors import GatewayError
 from polar.tokens.encoder import ids_encoder
 from polar.tokens.messages import to_openai_messages
 from polar.tokens.parsers import THINK_END, THINK_START, ParsedTurn, family_for_template, parse_turn
+from polar.tokens.segments import SegmentIds
 from polar.tokens.shaping import TemplateTraits
 from polar.tokens.tool_json import install, openai_tool
 
@@ -88,6 +89,7 @@ class ChatTemplate:
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in ids if isinstance(i, int)))
         self._probes: dict[bool | None, _Probe] = {}
         self._generation_prompts: dict[bool | None, str] = {}
+        self._whole: Callable[[str], list[int]] | None = None  # whole prompts' encoder (turn pieces reused)
 
     @classmethod
     def from_dir(cls, path: str | Path, template_path: str | Path | None = None) -> ChatTemplate:
@@ -143,7 +145,25 @@ class ChatTemplate:
         enable_thinking: bool | None = None,
     ) -> list[int]:
         """The whole conversation rendered with the generation prompt, as ids (the re-render path)."""
-        return self.encode(self.render(messages, tools, True, enable_thinking))
+        return self.whole_encoder()(self.render(messages, tools, True, enable_thinking))
+
+    def whole_encoder(self) -> Callable[[str], list[int]]:
+        """`encode` for whole prompts: the ids of turns seen before are reused (segments.py), when that is exact."""
+        if self._whole is None:
+            marker = self.turn_marker()
+            reuse = SegmentIds.for_tokenizer(self.tokenizer, self._encode, marker) if marker else None
+            self._whole = reuse or self._encode
+        return self._whole
+
+    def turn_marker(self) -> str | None:
+        """The added token a turn starts with: the first one the generation prompt writes (ChatML's <|im_start|>)."""
+        try:
+            prompt = self.generation_prompt(None)
+        except (ValueError, GatewayError):
+            return None
+        added = getattr(self.tokenizer, "get_added_vocab", dict)()
+        found = [(prompt.find(token), -len(token), token) for token in added if token and token in prompt]
+        return min(found)[2] if found else None  # leftmost, then longest: as the tokenizer matches
 
     # -- token-faithful continuation -----------------------------------------------------------
 
