@@ -43,6 +43,8 @@ class IdsEncoder:
 
     def __init__(self, tokenizer: Any, backend: Any):
         self._tokenizer, self._backend = tokenizer, backend
+        self._by_backend: Callable[[str], list[int]] = lambda text: backend.encode_batch_fast(
+            [text], add_special_tokens=False)[0].ids
         self._ascii: Callable[[str], list[int]] | None = None
         self._built = threading.Event()
         self._building = False
@@ -55,7 +57,7 @@ class IdsEncoder:
             if not self._building and len(text) >= BUILD_FROM_CHARS:
                 self._building = True
                 threading.Thread(target=self._build, name="polar-ascii-bpe", daemon=True).start()
-        return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
+        return self._by_backend(text)
 
     def ascii_path(self, timeout: float | None = None) -> bool:
         """Build the ASCII path now (or wait for the build under way); whether it is in use."""
@@ -67,7 +69,7 @@ class IdsEncoder:
 
     def _build(self) -> None:
         try:
-            self._ascii = _ascii_path(self._tokenizer, self._backend)
+            self._ascii = _ascii_path(self._tokenizer, self._backend, self._by_backend)
         finally:
             self._built.set()
 
@@ -84,12 +86,17 @@ def _prepare(tokenizer: Any, backend: Any) -> bool:
     return split
 
 
-def _ascii_path(tokenizer: Any, backend: Any) -> Callable[[str], list[int]] | None:
+def cut_on_raw_text(token: Any, backend: Any) -> bool:
+    """Does the tokenizer cut its input at this added token on the raw text, leaving the text either side as it is?"""
+    return not (token.lstrip or token.rstrip or token.single_word or (token.normalized and backend.normalizer is not None))
+
+
+def _ascii_path(tokenizer: Any, backend: Any, by_backend: Callable[[str], list[int]]) -> Callable[[str], list[int]] | None:
     _prepare(tokenizer, backend)
     added = list(backend.get_added_tokens_decoder().items())
-    if any(t.lstrip or t.rstrip or t.single_word or t.normalized for _, t in added):
+    if not all(cut_on_raw_text(t, backend) for _, t in added):
         return None  # matched on normalised text, or eating whitespace: leave the cutting to the tokenizer
-    ordinary = ascii_encoder(tokenizer, lambda text: backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)
+    ordinary = ascii_encoder(tokenizer, by_backend)
     if ordinary is None:
         return None
     ids_of = {t.content: i for i, t in added}
@@ -99,9 +106,6 @@ def _ascii_path(tokenizer: Any, backend: Any) -> Callable[[str], list[int]] | No
     else:
         def cut(text: str) -> list[str]:
             return [text]
-
-    def by_backend(text: str) -> list[int]:
-        return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def ascii_ids(text: str) -> list[int]:
         ids: list[int] = []

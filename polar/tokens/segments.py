@@ -23,6 +23,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from polar.tokens.encoder import cut_on_raw_text
+
 log = logging.getLogger("polar.tokens")
 
 DEFAULT_MAX_IDS = 4_000_000  # ~16 MB of ids (plus their text): the system prompts and tools of many harnesses
@@ -115,9 +117,7 @@ def marker_splits_exactly(tokenizer: Any, marker: str) -> bool:
         return False
     tokens = list(added().values())
     own = next((t for t in tokens if t.content == marker), None)
-    if own is None or own.lstrip or own.rstrip or own.single_word:
-        return False
-    if own.normalized and backend.normalizer is not None:  # matched after normalising: pieces could shift
+    if own is None or not cut_on_raw_text(own, backend):  # matched after normalising, or eating whitespace
         return False
     return not any(t.content != marker and _overlap(t.content, marker) for t in tokens)
 
