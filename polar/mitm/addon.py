@@ -69,6 +69,7 @@ def token_faithful(chat: VLLMChat, tokenizer_dir: str, template_path: str, endpo
     from polar.upstream.vllm_tokens import TokenFaithful
 
     template = ChatTemplate.from_dir(tokenizer_dir, template_path or None)
+    template.prepare_long_text()
     return TokenFaithful(chat, template, endpoint)
 
 

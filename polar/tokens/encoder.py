@@ -54,10 +54,15 @@ class IdsEncoder:
         if not split and len(text) >= FAST_FROM_CHARS:
             if self._ascii is not None:
                 return self._ascii(text)
-            if not self._building and len(text) >= BUILD_FROM_CHARS:
-                self._building = True
-                threading.Thread(target=self._build, name="polar-ascii-bpe", daemon=True).start()
+            if len(text) >= BUILD_FROM_CHARS:
+                self.start_building()
         return self._by_backend(text)
+
+    def start_building(self) -> None:
+        """Build the ASCII path in a thread, if not built or under way (a proxy does so as it starts)."""
+        if not self._building:
+            self._building = True
+            threading.Thread(target=self._build, name="polar-ascii-bpe", daemon=True).start()
 
     def ascii_path(self, timeout: float | None = None) -> bool:
         """Build the ASCII path now (or wait for the build under way); whether it is in use."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from polar.canonical import Message, Tool
 from polar.errors import GatewayError
-from polar.tokens.encoder import ids_encoder
+from polar.tokens.encoder import IdsEncoder, ids_encoder
 from polar.tokens.messages import to_openai_messages
 from polar.tokens.parsers import THINK_END, THINK_START, ParsedTurn, family_for_template, parse_turn
 from polar.tokens.segments import SegmentIds
@@ -134,6 +134,12 @@ class ChatTemplate:
     def encode(self, text: str) -> list[int]:
         """Token ids for template text: no BOS/EOS added; special tokens written in the text map to their ids."""
         return self._encode(text)
+
+    def prepare_long_text(self) -> None:
+        """Start building the fast path for long text (encoder.py: ~3 s of CPU in a thread), so that a proxy
+        pays for it as it starts rather than during its first agent-sized calls."""
+        if isinstance(self._encode, IdsEncoder):
+            self._encode.start_building()
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)

@@ -40,6 +40,8 @@ def test_each_option_rebuilds_only_its_part(tmp_path, tokenizer_dir, monkeypatch
         third = addon.gateway
         assert third.writer is first.writer and third.states is not states
         assert type(third.backend).__name__ == "TokenFaithful"
+        # long text's fast path is built as the proxy starts, not during its first agent-sized calls
+        assert third.backend.template._encode._building and third.backend.template._encode.ascii_path(timeout=120)
 
         old_hash = registry.hash_key("sk-session-key")
         tctx.configure(addon, polar_db=str(tmp_path / "b.db"))

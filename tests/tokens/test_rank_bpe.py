@@ -78,6 +78,11 @@ def test_merges_must_be_every_joining_pair_in_rank_order():
     assert not rank_bpe._merges_are_rank_order(vocab, [["ab", "c"], ["a", "b"]])  # order is not the ids'
     assert not rank_bpe._merges_are_rank_order({**vocab, "bc": 5}, [["a", "b"], ["ab", "c"]])  # b+c joins, no merge
     assert not rank_bpe._merges_are_rank_order(vocab, [["a", "b"], ["b", "c"]])  # b+c is no token
+    assert not rank_bpe._merges_are_rank_order({**vocab, "xb": 5}, [["a", "b"], ["ab", "c"], ["x", "b"]])  # x: no token
+    # a merge listed twice makes up the count of a joining pair that has none (a+bc, b+c)
+    with_bc = {**vocab, "bc": 5}
+    assert not rank_bpe._merges_are_rank_order(with_bc, [["a", "b"], ["ab", "c"], ["ab", "c"], ["ab", "c"]])
+    assert rank_bpe._merges_are_rank_order(with_bc, [["a", "b"], ["ab", "c"], ["a", "bc"], ["b", "c"]])
 
 
 def test_a_probe_that_differs_or_another_layout_leaves_the_tokenizer(tokenizer):
