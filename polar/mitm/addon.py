@@ -32,10 +32,9 @@ from polar.errors import GatewayError
 from polar.gateway.gate import SamplingGate
 from polar.gateway.pipeline import Gateway, GatewayReply, GatewayRequest
 from polar.gateway.streaming import StreamingCall, StreamReply
-from polar.mitm import backlog
+from polar.mitm import backlog, shutdown
 from polar.mitm.contentview import PolarContentview
 from polar.mitm.relay import StreamRelay
-from polar.mitm.shutdown import DRAIN_S
 from polar.sessions.identity import IDENTITY_HEADERS, REDACTED, SECRET_HEADERS, SessionRegistry
 from polar.upstream.vllm_chat import VLLMChat
 
@@ -133,7 +132,7 @@ class PolarAddon:
             "connection's peer. Only for a proxy no client reaches directly: a client could claim any address.",
         )
         loader.add_option(
-            "polar_drain", int, DRAIN_S,
+            "polar_drain", int, shutdown.DRAIN_S,
             "Seconds calls in flight may go on once polar is told to stop (SIGTERM, SIGINT); then a stream ends with "
             "its provider's error event and a call waiting upstream with an error answer, each captured.",
         )
@@ -153,6 +152,9 @@ class PolarAddon:
             ctx.options.update(store_streamed_bodies=True)
         if (proxyserver := ctx.master.addons.get("proxyserver")) is not None:
             backlog.widen(proxyserver)  # the servers mitmproxy has just opened (a mode changed later: asyncio's 100)
+        # SIGTERM / SIGINT drain, then stop — under `polar proxy` and `mitmdump -s`/`mitmweb -s` alike (the
+        # handlers replace the ones mitmproxy's main installed, which shut down at once, cutting calls in flight).
+        shutdown.install(ctx.master, self)
         # What start-up built (mitmproxy, transformers, the template, ~200k objects) lives as long as the
         # process: out of the collector's sight, a full collection no longer walks it. Each one cost
         # ~150 ms, triggered by the objects an agent-sized request decodes to (py-spy: a 1.8x bucket).
@@ -328,6 +330,7 @@ class PolarAddon:
             await asyncio.sleep(0.02)
 
     async def done(self) -> None:
+        asyncio.get_running_loop().set_exception_handler(shutdown.quiet_cancelled)  # idle keep-alives, cancelled
         await self.stop_calls()  # ends what a drain left, closes every upstream client (mitm/shutdown.py)
         await self.relay.stop()
         gateways = [*self._retired, self.gateway]

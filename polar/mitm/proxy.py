@@ -84,11 +84,7 @@ async def serve(config: ProxyConfig, ready: threading.Event | None = None, holde
         holder["master"], holder["addon"] = master, addon
     if ready is not None:
         asyncio.get_running_loop().call_later(0.3, ready.set)
-    shutdown.install(master, addon)  # SIGTERM / SIGINT: drain, then stop (mitm/shutdown.py)
-    try:
-        await master.run()
-    finally:
-        asyncio.get_running_loop().set_exception_handler(shutdown.quiet_cancelled)
+    await master.run()  # the addon drains on SIGTERM / SIGINT (mitm/shutdown.py)
 
 
 class BackgroundProxy:

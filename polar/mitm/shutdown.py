@@ -1,4 +1,6 @@
-"""Stopping `polar proxy` on SIGTERM or SIGINT without losing a call.
+"""Stopping polar on SIGTERM or SIGINT without losing a call — `polar proxy`, and mitmproxy's own `mitmdump` or
+`mitmweb` running the addon script (the addon installs this as mitmproxy starts, in place of mitmproxy's
+handlers, which shut down at once).
 
 Both signals stop it, as they stop mitmdump; SIGTERM is what `docker stop`, Kubernetes and polar's own
 `--workers` supervisor send. The first signal drains: new calls are refused with a 503 in their provider's

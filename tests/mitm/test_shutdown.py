@@ -1,4 +1,5 @@
-"""Stopping `polar proxy` (mitm/shutdown.py): SIGTERM and SIGINT drain, nothing in flight is lost.
+"""Stopping `polar proxy` or `mitmdump -s addons/polar_gateway.py` (mitm/shutdown.py): SIGTERM and SIGINT
+drain, nothing in flight is lost.
 
 A real `polar proxy` process, token-faithful, in front of the scripted vLLM double paced like a model
 (a token every 20 ms); the official Anthropic SDK as the client. Told to stop mid-answer, polar refuses
@@ -10,11 +11,16 @@ killed the process mid-event and left the row `pending`.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -24,6 +30,8 @@ from polar.capture.reader import CaptureReader
 from polar.capture.shards import open_captures
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 from tests.mitm.test_workers import WorkerProxy, haproxy_ready  # noqa: F401  (a fixture)
+
+REPO = Path(__file__).resolve().parents[2]
 
 WORDS = " ".join(f"w{i}" for i in range(200))  # ~200 tokens: ~4-10 s at 20 ms a token
 PROMPT = [{"role": "user", "content": "hi"}]
@@ -46,12 +54,40 @@ def start(upstream: str, tmp_path, drain: int, tokenizer_dir) -> SubprocessProxy
     return proxy
 
 
-def sdk(proxy: SubprocessProxy | WorkerProxy, session: str) -> anthropic.Anthropic:
+@dataclass
+class Mitmdump:
+    """polar as the mitmproxy addon script a user runs with mitmproxy's own `mitmdump`, reverse mode."""
+
+    proc: subprocess.Popen
+    url: str
+
+
+def start_mitmdump(upstream: str, db: Path, drain: int, tokenizer_dir) -> Mitmdump:
+    exe = Path(sys.executable).with_name("mitmdump")
+    exe = exe if exe.exists() else Path(shutil.which("mitmdump") or "mitmdump")
+    port = free_port()
+    proc = subprocess.Popen([str(exe), "-q", "-s", str(REPO / "addons" / "polar_gateway.py"), "--mode",
+                             f"reverse:{upstream}@{port}", "--listen-host", "127.0.0.1",
+                             "--set", "connection_strategy=lazy", "--set", f"polar_upstream={upstream}",
+                             "--set", f"polar_db={db}", "--set", f"polar_tokenizer={tokenizer_dir}",
+                             "--set", f"polar_drain={drain}"])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline, "mitmdump did not start"
+        try:
+            httpx.get(url + "/", timeout=1)
+            return Mitmdump(proc, url)
+        except httpx.TransportError:
+            time.sleep(0.1)
+
+
+def sdk(proxy: SubprocessProxy | WorkerProxy | Mitmdump, session: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=proxy.url, api_key="sk-test", max_retries=0, timeout=120,
                                default_headers={"x-polar-session": session})
 
 
-def stream_in_background(proxy: SubprocessProxy | WorkerProxy, session: str) -> tuple[threading.Thread, dict, threading.Event]:
+def stream_in_background(proxy: SubprocessProxy | WorkerProxy | Mitmdump, session: str) -> tuple[threading.Thread, dict, threading.Event]:
     """A streamed answer read by the SDK on a thread; `begun` is set at its first text."""
     out: dict = {}
     begun = threading.Event()
@@ -93,6 +129,30 @@ def test_sigterm_lets_the_answer_in_flight_finish_and_refuses_new_calls(paced, t
     (row,) = rows(proxy.config.db)  # the refused call reached no model: no row
     assert row["status"] == "ok" and row["session_id"] == "drained"
     assert len(row["completion_ids"]) == message.usage.output_tokens
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_mitmdump_with_the_addon_script_drains_too(paced, tmp_path, tokenizer_dir, signum):
+    """mitmproxy's own main shuts down at once on these signals, cutting a stream mid-event and leaving its
+    row pending; the addon puts polar's drain in its place."""
+    db = tmp_path / "captures.db"
+    proxy = start_mitmdump(paced, db, 60, tokenizer_dir)
+    try:
+        thread, out, _ = stream_in_background(proxy, "script")
+        proxy.proc.send_signal(signum)
+        time.sleep(0.3)
+        with pytest.raises(anthropic.APIStatusError) as refused:
+            sdk(proxy, "late").messages.create(model="m", max_tokens=5, messages=PROMPT)
+        assert refused.value.status_code == 529 and refused.value.body["error"]["type"] == "overloaded_error"
+        thread.join(60)
+        assert proxy.proc.wait(60) == 0
+    finally:
+        if proxy.proc.poll() is None:
+            proxy.proc.kill()
+    message = out["message"]
+    assert message.stop_reason == "end_turn" and message.content[0].text.strip() == WORDS
+    (row,) = rows(db)
+    assert row["status"] == "ok" and len(row["completion_ids"]) == message.usage.output_tokens
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
