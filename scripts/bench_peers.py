@@ -96,6 +96,9 @@ def main(argv: Sequence[str] | None = None) -> list:
             upstream = core.start_upstream(work, args.tokenizer)
             services.append(upstream)
             targets = [core.direct_target(upstream)]
+            if args.mitmdump:
+                targets.append(core.mitmdump_target(work, upstream))
+                services.append(targets[-1].proxy)
             for sync, name in zip(args.sync, polar_names, strict=True):
                 targets.append(core.polar_target(work, upstream, sync, name))
                 services.append(targets[-1].proxy)

@@ -190,6 +190,19 @@ def direct_target(upstream: Service) -> Target:
                   {"content-type": "application/json"})
 
 
+def mitmdump_target(workdir: Path, upstream: Service) -> Target:
+    """mitmproxy alone: `mitmdump` as a plain reverse proxy to the upstream, no addon script, direct's
+    request through it — the floor under polar, which is mitmproxy plus its addon (what polar adds beyond
+    this is polar's own work: detect, translate, session, capture)."""
+    port = free_port()
+    cmd = [str(Path(sys.executable).with_name("mitmdump")), "--mode", f"reverse:{upstream_url(upstream)}",
+           "--listen-host", "127.0.0.1", "--listen-port", str(port), "--quiet"]
+    proxy = Service("mitmdump", cmd, f"http://127.0.0.1:{port}/health", workdir / "mitmdump.log").start()
+    base = proxy.health_url.removesuffix("/health")
+    return Target("mitmdump", f"{base}/v1/chat/completions", DIRECT_BODY, {"content-type": "application/json"},
+                  proxy)
+
+
 def polar_target(workdir: Path, upstream: Service, sync: str, name: str = "polar") -> Target:
     proxy = start_polar(workdir, upstream, sync)
     return Target(name, f"{proxy.health_url}v1/messages", ANTHROPIC_BODY, ANTHROPIC_HEADERS, proxy)
@@ -370,6 +383,10 @@ def target_lines(cells: list[Cell], polar: str = "polar", peer: str | None = Non
         versus = f" ({added / (q.pct(50) - d.pct(50)):.2f}x what {peer} adds)" if q and q.pct(50) > d.pct(50) else ""
         lines.append(f"target: {polar} adds <= 3 ms p50 at 1 client (non-streamed): {added:.2f} ms{versus} — "
                      f"{'met' if added <= 3 else 'NOT met'}")
+        if (m := by.get(("mitmdump", False, 1))) is not None:
+            floor = m.pct(50) - d.pct(50)
+            lines.append(f"floor: mitmproxy alone (mitmdump reverse proxy, no addon) adds {floor:.2f} ms p50 at 1 "
+                         f"client; polar's own work {added - floor:.2f} ms on top")
     if peer:
         for stream in (False, True):
             p, q = by.get((polar, stream, 64)), by.get((peer, stream, 64))
@@ -409,6 +426,8 @@ def common_args(ap: argparse.ArgumentParser) -> None:
                     help="polar's capture commit mode(s), one polar column each (polar_db_sync; FULL is the "
                          "default: an fsync per call; NORMAL survives a crash of polar but not of the machine)")
     ap.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer dir for the scripted double")
+    ap.add_argument("--mitmdump", action="store_true",
+                    help="also mitmproxy alone: plain `mitmdump` reverse-proxying direct's request (polar's floor)")
     ap.add_argument("--markdown", action="store_true", help="draw the table as Markdown (for docs/benchmarks.md)")
 
 
@@ -444,6 +463,9 @@ def main(argv: Sequence[str] | None = None) -> list[Cell]:
             upstream = start_upstream(Path(tmp), args.tokenizer)
             services.append(upstream)
             targets = [direct_target(upstream)]
+            if args.mitmdump:
+                targets.append(mitmdump_target(Path(tmp), upstream))
+                services.append(targets[-1].proxy)
             for sync in args.sync:
                 targets.append(polar_target(Path(tmp), upstream, sync, polar_name(sync, args.sync)))
                 services.append(targets[-1].proxy)

@@ -26,14 +26,15 @@ def _check_cells(cells, targets: list[str]) -> None:
 
 def test_bench_proxy_tiny(tokenizer_dir, capsys, monkeypatch):
     bench = load_script(monkeypatch, "bench_proxy")
-    cells = bench.main(["--requests", "5", "--concurrency", "1", "--tokenizer", str(tokenizer_dir)])
+    cells = bench.main(["--requests", "5", "--concurrency", "1", "--mitmdump", "--tokenizer", str(tokenizer_dir)])
     out = capsys.readouterr().out
 
-    _check_cells(cells, ["direct", "polar"])
+    _check_cells(cells, ["direct", "mitmdump", "polar"])  # mitmdump: mitmproxy alone, polar's floor
     assert "polar vs direct upstream" in out
     for column in ("added p50 ms", "req/s vs direct", "proxy CPU ms/req", "upstream CPU ms/req"):
         assert column in out, column
     assert "target: polar adds <= 3 ms p50 at 1 client (non-streamed)" in out
+    assert "floor: mitmproxy alone (mitmdump reverse proxy, no addon) adds" in out
     assert "command: python scripts/bench_proxy.py --requests 5" in out and "load average" in out
     # direct, polar (streamed or not) and the warm-ups all asked the upstream the same thing: one distinct body
     assert "(1 distinct request body)" in out
