@@ -26,6 +26,7 @@ not absolute latency.
 
     python scripts/bench_agent.py [--cli claude_code codex gemini_cli qwen_code] [--sessions 16] [--turns 120] [--tool-bytes 2000]
                                   [--buckets 10 30 60 100] [--stream both] [--no-litellm] [--segment-cache] [--markdown]
+                                  [--profile DIR]   # py-spy per bucket: the request's JSON decode apart, what grew
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ sys.path.insert(0, str(HERE))
 import bench_proxy as core  # noqa: E402
 from agent_replay import AUTH, Fixture, Session, api_of  # noqa: E402
 from bench_peers import DEFAULT_LITELLM, start_litellm  # noqa: E402
+from bench_profile import PARTS, Profile, Profiler, growth  # noqa: E402
 from bench_storage import measure, prose, unique_tokens  # noqa: E402
 
 from polar.harnesses import get as harness_of  # noqa: E402
@@ -149,6 +151,7 @@ class Bucket:
     calls: int = 0
     cpu: float | None = None  # proxy seconds over the bucket
     wall: float = 0.0
+    profile: Profile | None = None  # py-spy's samples of the proxy over the bucket (--profile)
 
     @property
     def cpu_ms(self) -> float | None:
@@ -225,15 +228,21 @@ async def warm(client: httpx.AsyncClient, run: Run) -> None:
         run.sessions.clear()
 
 
-async def bucket(client: httpx.AsyncClient, run: Run, first: int, last: int) -> None:
-    """Turns first..last in lock-step, CPU measured around them."""
+async def bucket(client: httpx.AsyncClient, run: Run, first: int, last: int, profile: Path | None = None) -> None:
+    """Turns first..last in lock-step, CPU measured around them (and sampled by py-spy with `profile`)."""
     proxy = run.target.proxy
+    profiler = None
+    if profile is not None and proxy is not None and run.target.name.startswith("polar"):
+        profiler = Profiler(proxy.proc.pid, profile / f"{run.cli}-{run.target.name}-{'stream' if run.stream else 'whole'}"
+                                                      f"-t{first}-{last}.txt")
+        await asyncio.sleep(1.0)  # py-spy attaches before the bucket's first call
     done, cpu0, t0 = len(run.latencies), proxy.cpu_seconds() if proxy else None, time.perf_counter()
     for _ in range(first, last + 1):
         await asyncio.gather(*(call(client, run, s) for s in list(run.sessions)))
     wall = time.perf_counter() - t0
     cpu = proxy.cpu_seconds() - cpu0 if proxy else None
-    run.buckets.append(Bucket(first, last, len(run.latencies) - done, cpu, wall))
+    run.buckets.append(Bucket(first, last, len(run.latencies) - done, cpu, wall,
+                              await asyncio.to_thread(profiler.stop) if profiler else None))
 
 
 def bucket_ranges(turns: int, ends: Sequence[int]) -> list[tuple[int, int]]:
@@ -242,7 +251,7 @@ def bucket_ranges(turns: int, ends: Sequence[int]) -> list[tuple[int, int]]:
     return [(a + 1, b) for a, b in zip(edges, edges[1:], strict=False)]
 
 
-async def play(runs: list[Run], ranges: list[tuple[int, int]]) -> None:
+async def play(runs: list[Run], ranges: list[tuple[int, int]], profile: Path | None = None) -> None:
     # Idle connections are dropped after 2 s, before a server's own keep-alive timeout (uvicorn's, under
     # LiteLLM: 5 s, httpx's default too): at 256 sessions a turn's slowest call leaves the others idle for
     # seconds, and a connection the server closes as a call reuses it is a ReadError no proxy caused.
@@ -252,7 +261,7 @@ async def play(runs: list[Run], ranges: list[tuple[int, int]]) -> None:
             await warm(client, run)
         for first, last in ranges:
             for run in runs:  # side by side: a load spike hits every target's bucket alike
-                await bucket(client, run, first, last)
+                await bucket(client, run, first, last, profile)
 
 
 # -- after a run -------------------------------------------------------------------------------------------
@@ -298,7 +307,8 @@ def cell(fixture: Fixture, streams: list[bool], args, upstream: core.Service, wo
             for stream in streams for t in targets]
     try:
         for stream in streams:
-            asyncio.run(play([r for r in runs if r.stream == stream], bucket_ranges(args.turns, args.buckets)))
+            asyncio.run(play([r for r in runs if r.stream == stream], bucket_ranges(args.turns, args.buckets),
+                             args.profile))
     finally:
         for target in targets:
             finish(target, [r for r in runs if r.target is target])
@@ -363,6 +373,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--litellm", default=str(DEFAULT_LITELLM), help="the LiteLLM proxy's `litellm` executable")
     ap.add_argument("--no-litellm", action="store_true")
     ap.add_argument("--dir", type=Path, help="keep databases and logs here (default: a temporary directory)")
+    ap.add_argument("--profile", type=Path, metavar="DIR",
+                    help="py-spy each polar target over each bucket (collapsed stacks in DIR): what the request's JSON "
+                         "decode costs a call, the CPU without it, and the functions that grew most, first to last bucket")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
     if args.no_litellm:
@@ -401,9 +414,31 @@ def main(argv: Sequence[str] | None = None) -> list[Run]:
             upstream.stop()
     title = (f"Real harness traffic: {args.sessions} sessions x {args.turns} turns per target, in lock-step; one process "
              f"per proxy (polar captures synchronous={args.sync}; LiteLLM --num_workers 1); {os.cpu_count()} cores shared")
-    core.print_report(console, table(runs, ranges, title, args.markdown), unsupported(args, fixtures), args.markdown,
+    core.print_report(console, table(runs, ranges, title, args.markdown),
+                      [*unsupported(args, fixtures), *(line for r in runs for line in profile_lines(r))], args.markdown,
                       load_before, started, core.command_line("bench_agent.py", argv))
     return runs
+
+
+def profile_lines(run: Run) -> list[str]:
+    """What py-spy saw of a run's buckets: the named parts per call, the CPU per call without the request's JSON
+    decode (issue 15's flat-in-turns target leaves it out), last bucket ÷ first, and what grew most."""
+    buckets = [b for b in run.buckets if b.profile is not None and b.calls and b.cpu_ms is not None]
+    if len(buckets) < 2:
+        return []
+    name = f"{run.cli} {'streamed' if run.stream else 'not streamed'} {run.target.name}"
+    lines = [f"profile {name}: CPU ms/call " + " / ".join(_f(b.cpu_ms) for b in buckets)
+             + "; sampled with the GIL held " + " / ".join(_f(b.profile.total_ms() / b.calls) for b in buckets)]
+    for part, (file, func) in PARTS.items():
+        lines.append(f"  {part} ms/call " + " / ".join(_f(b.profile.part_ms(file, func) / b.calls, 2) for b in buckets))
+    file, func = PARTS["request JSON decode"]
+    rest = [b.cpu_ms - b.profile.part_ms(file, func) / b.calls for b in buckets]
+    lines.append("  CPU ms/call without the request JSON decode " + " / ".join(_f(r) for r in rest)
+                 + f": last ÷ first {rest[-1] / rest[0]:.2f} (target <= 1.5)")
+    first, last = buckets[0], buckets[-1]
+    lines.append(f"  grew most, t{first.first}–{first.last} → t{last.first}–{last.last} (own ms/call): " + "; ".join(
+        f"{fn} {a:.2f} → {b:.2f}" for fn, a, b in growth(first.profile, first.calls, last.profile, last.calls)))
+    return lines
 
 
 def unsupported(args, fixtures: list[Fixture]) -> list[str]:
