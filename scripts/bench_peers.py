@@ -11,8 +11,8 @@ answer cache, streaming when asked), side by side at each concurrency, from one 
              (--num_workers 1), no database, its default logging. Install it with
              scripts/setup_litellm.sh (its own venv). --litellm-plain adds a second one that
              asks for neither (LiteLLM's default; the upstream then sends a smaller answer).
-polar asks the upstream for the whole answer and renders the stream itself after the capture is
-committed; LiteLLM and a streamed direct call read the upstream's token-by-token stream.
+Streamed, every target reads the upstream's token-by-token stream: polar relays it in the client's
+format as it arrives and commits the capture once it has ended.
 The measurement itself (load, percentiles, CPU from /proc) is scripts/bench_proxy.py's.
 
     python scripts/bench_peers.py [--requests 300] [--concurrency 1 16 64 256] [--stream both]
