@@ -76,17 +76,25 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _stat_ticks(stat_file: str) -> int:
+    """utime + stime from a /proc stat file (0 when the process or thread is gone)."""
+    try:
+        stat = Path(stat_file).read_text()
+    except OSError:
+        return 0
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 0
+    return int(fields[11]) + int(fields[12])
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and its live descendants (from /proc, in seconds)."""
-    total = 0
-    for p in [pid, *_descendants(pid)]:
-        try:
-            stat = Path(f"/proc/{p}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 0
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / CLK_TCK
+    return sum(_stat_ticks(f"/proc/{p}/stat") for p in [pid, *_descendants(pid)]) / CLK_TCK
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """CPU time of the process's main thread alone: for polar and mitmdump, the event loop (mitmproxy's
+    layers and hooks, and the addon); the rest of the process is its other threads (polar's capture writer)."""
+    return _stat_ticks(f"/proc/{pid}/task/{pid}/stat") / CLK_TCK
 
 
 class Service:
@@ -121,6 +129,9 @@ class Service:
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.proc.pid) if self.proc else 0.0
+
+    def loop_cpu_seconds(self) -> float:
+        return main_thread_cpu_seconds(self.proc.pid) if self.proc else 0.0
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -257,6 +268,7 @@ class Cell:
     wall: float
     proxy_cpu: float | None  # seconds over the timed part (None: no proxy)
     upstream_cpu: float
+    loop_cpu: float | None = None  # of proxy_cpu, the proxy's main thread (its event loop)
 
     @property
     def ok(self) -> int:
@@ -317,12 +329,14 @@ def measure(target: Target, upstream: Service, stream: bool, clients: int, n: in
 
     def start() -> None:
         marks["proxy"] = target.proxy.cpu_seconds() if target.proxy else 0.0
+        marks["loop"] = target.proxy.loop_cpu_seconds() if target.proxy else 0.0
         marks["upstream"] = upstream.cpu_seconds()
 
     latencies, errors, wall = asyncio.run(drive(target, stream, clients, n, start))
     proxy_cpu = target.proxy.cpu_seconds() - marks["proxy"] if target.proxy else None
+    loop_cpu = target.proxy.loop_cpu_seconds() - marks["loop"] if target.proxy else None
     return Cell(target.name, stream, clients, latencies, errors, wall, proxy_cpu,
-                upstream.cpu_seconds() - marks["upstream"])
+                upstream.cpu_seconds() - marks["upstream"], loop_cpu)
 
 
 def cell_requests(requests: int, clients: int) -> int:
@@ -354,7 +368,8 @@ def results_table(cells: list[Cell], title: str) -> Table:
     """One row per target and concurrency; `added` and ratios against direct at the same point."""
     table = Table(title=title)
     for col in ("stream", "clients", "target", "requests", "errors", "p50 ms", "p99 ms", "added p50 ms",
-                "added p99 ms", "req/s", "req/s vs direct", "proxy CPU ms/req", "upstream CPU ms/req"):
+                "added p99 ms", "req/s", "req/s vs direct", "proxy CPU ms/req", "· main thread",
+                "upstream CPU ms/req"):
         table.add_column(col, justify="left" if col in ("stream", "target") else "right")
     direct = {(c.stream, c.clients): c for c in cells if c.target == "direct"}
     for c in cells:
@@ -365,7 +380,7 @@ def results_table(cells: list[Cell], title: str) -> Table:
             _ms(c.pct(50)), _ms(c.pct(99)),
             "–" if is_base else _ms(c.pct(50) - base.pct(50)), "–" if is_base else _ms(c.pct(99) - base.pct(99)),
             f"{c.rps:.0f}", "–" if is_base else f"{c.rps / base.rps:.2f}" if base.rps else "–",
-            _ms(c.cpu_ms(c.proxy_cpu)), _ms(c.cpu_ms(c.upstream_cpu)),
+            _ms(c.cpu_ms(c.proxy_cpu)), _ms(c.cpu_ms(c.loop_cpu)), _ms(c.cpu_ms(c.upstream_cpu)),
         )
     return table
 

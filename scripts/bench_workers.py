@@ -97,7 +97,7 @@ def measure(target: core.Target, upstream: core.Service, stream: bool, clients: 
     used = {k: v - marks[k] for k, v in cpu().items()}
     return WorkersCell(target.name, stream, clients, latencies, errors, wall,
                        used["proxy"] if target.proxy else None, used["upstream"],
-                       used["front"] if front else None, used["load"])
+                       front_cpu=used["front"] if front else None, load_cpu=used["load"])
 
 
 def results_table(cells: list[WorkersCell], title: str, single: str) -> Table:

@@ -22,6 +22,9 @@ def _check_cells(cells, targets: list[str]) -> None:
     for c in cells:
         assert c.errors == [] and c.ok == 5, (c.target, c.errors)
         assert (c.proxy_cpu is None) == (c.target == "direct")
+        assert (c.loop_cpu is None) == (c.target == "direct")
+        if c.loop_cpu is not None:  # one thread's share of the process (read a moment later: a tick's slack)
+            assert 0 <= c.loop_cpu <= c.proxy_cpu + 0.02, (c.target, c.loop_cpu, c.proxy_cpu)
 
 
 def test_bench_proxy_tiny(tokenizer_dir, capsys, monkeypatch):
@@ -31,7 +34,7 @@ def test_bench_proxy_tiny(tokenizer_dir, capsys, monkeypatch):
 
     _check_cells(cells, ["direct", "mitmdump", "polar"])  # mitmdump: mitmproxy alone, polar's floor
     assert "polar vs direct upstream" in out
-    for column in ("added p50 ms", "req/s vs direct", "proxy CPU ms/req", "upstream CPU ms/req"):
+    for column in ("added p50 ms", "req/s vs direct", "proxy CPU ms/req", "· main thread", "upstream CPU ms/req"):
         assert column in out, column
     assert "target: polar adds <= 3 ms p50 at 1 client (non-streamed)" in out
     assert "floor: mitmproxy alone (mitmdump reverse proxy, no addon) adds" in out
