@@ -130,7 +130,7 @@ class Service:
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.proc.pid) if self.proc else 0.0
 
-    def loop_cpu_seconds(self) -> float:
+    def main_thread_cpu_seconds(self) -> float:
         return main_thread_cpu_seconds(self.proc.pid) if self.proc else 0.0
 
     def stop(self) -> None:
@@ -268,7 +268,7 @@ class Cell:
     wall: float
     proxy_cpu: float | None  # seconds over the timed part (None: no proxy)
     upstream_cpu: float
-    loop_cpu: float | None = None  # of proxy_cpu, the proxy's main thread (its event loop)
+    main_thread_cpu: float | None = None  # of proxy_cpu, the proxy's main thread (its event loop)
 
     @property
     def ok(self) -> int:
@@ -329,14 +329,14 @@ def measure(target: Target, upstream: Service, stream: bool, clients: int, n: in
 
     def start() -> None:
         marks["proxy"] = target.proxy.cpu_seconds() if target.proxy else 0.0
-        marks["loop"] = target.proxy.loop_cpu_seconds() if target.proxy else 0.0
+        marks["main_thread"] = target.proxy.main_thread_cpu_seconds() if target.proxy else 0.0
         marks["upstream"] = upstream.cpu_seconds()
 
     latencies, errors, wall = asyncio.run(drive(target, stream, clients, n, start))
     proxy_cpu = target.proxy.cpu_seconds() - marks["proxy"] if target.proxy else None
-    loop_cpu = target.proxy.loop_cpu_seconds() - marks["loop"] if target.proxy else None
+    main_thread_cpu = target.proxy.main_thread_cpu_seconds() - marks["main_thread"] if target.proxy else None
     return Cell(target.name, stream, clients, latencies, errors, wall, proxy_cpu,
-                upstream.cpu_seconds() - marks["upstream"], loop_cpu)
+                upstream.cpu_seconds() - marks["upstream"], main_thread_cpu)
 
 
 def cell_requests(requests: int, clients: int) -> int:
@@ -380,7 +380,7 @@ def results_table(cells: list[Cell], title: str) -> Table:
             _ms(c.pct(50)), _ms(c.pct(99)),
             "–" if is_base else _ms(c.pct(50) - base.pct(50)), "–" if is_base else _ms(c.pct(99) - base.pct(99)),
             f"{c.rps:.0f}", "–" if is_base else f"{c.rps / base.rps:.2f}" if base.rps else "–",
-            _ms(c.cpu_ms(c.proxy_cpu)), _ms(c.cpu_ms(c.loop_cpu)), _ms(c.cpu_ms(c.upstream_cpu)),
+            _ms(c.cpu_ms(c.proxy_cpu)), _ms(c.cpu_ms(c.main_thread_cpu)), _ms(c.cpu_ms(c.upstream_cpu)),
         )
     return table
 

@@ -22,9 +22,9 @@ def _check_cells(cells, targets: list[str]) -> None:
     for c in cells:
         assert c.errors == [] and c.ok == 5, (c.target, c.errors)
         assert (c.proxy_cpu is None) == (c.target == "direct")
-        assert (c.loop_cpu is None) == (c.target == "direct")
-        if c.loop_cpu is not None:  # one thread's share of the process (read a moment later: a tick's slack)
-            assert 0 <= c.loop_cpu <= c.proxy_cpu + 0.02, (c.target, c.loop_cpu, c.proxy_cpu)
+        assert (c.main_thread_cpu is None) == (c.target == "direct")
+        if c.main_thread_cpu is not None:  # one thread's share of the process (read a moment later: a tick's slack)
+            assert 0 <= c.main_thread_cpu <= c.proxy_cpu + 0.02, (c.target, c.main_thread_cpu, c.proxy_cpu)
 
 
 def test_bench_proxy_tiny(tokenizer_dir, capsys, monkeypatch):
