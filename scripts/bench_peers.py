@@ -75,6 +75,7 @@ def litellm_target(workdir: Path, upstream: core.Service, executable: Path, toke
 def main(argv: Sequence[str] | None = None) -> list:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     core.common_args(ap)
+    core.reference_args(ap)
     ap.add_argument("--litellm", default=str(DEFAULT_LITELLM), help="the LiteLLM proxy's `litellm` executable")
     which = ap.add_mutually_exclusive_group()
     which.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out (direct and polar only)")
@@ -95,10 +96,7 @@ def main(argv: Sequence[str] | None = None) -> list:
         try:
             upstream = core.start_upstream(work, args.tokenizer)
             services.append(upstream)
-            targets = [core.direct_target(upstream)]
-            if args.mitmdump:
-                targets.append(core.mitmdump_target(work, upstream))
-                services.append(targets[-1].proxy)
+            targets = [core.direct_target(upstream), *core.reference_targets(work, upstream, args, services)]
             for sync, name in zip(args.sync, polar_names, strict=True):
                 targets.append(core.polar_target(work, upstream, sync, name))
                 services.append(targets[-1].proxy)

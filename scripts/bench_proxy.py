@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import shlex
 import statistics
@@ -214,6 +215,35 @@ def mitmdump_target(workdir: Path, upstream: Service) -> Target:
                   proxy)
 
 
+FLOOR_TARGETS = {"answer": "mitm answers", "relay": "mitm relay"}
+
+
+def floor_target(workdir: Path, upstream: Service, mode: str) -> Target:
+    """mitmproxy as polar runs it (its lean master) with a one-job addon in polar's place
+    (scripts/bench_floor_proxy.py): `answer` answers from memory, `relay` sends direct's request on to the
+    upstream with aiohttp — what polar's path costs before polar's own work."""
+    port = free_port()
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_floor_proxy.py"), "--port", str(port),
+           "--upstream", upstream_url(upstream), "--mode", mode]
+    name = FLOOR_TARGETS[mode]
+    proxy = Service(name, cmd, f"http://127.0.0.1:{port}/health", workdir / f"floor-{mode}.log").start()
+    return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", DIRECT_BODY,
+                  {"content-type": "application/json"}, proxy)
+
+
+def reference_targets(workdir: Path, upstream: Service, args: argparse.Namespace,
+                      services: list[Service]) -> list[Target]:
+    """The proxies measured beside polar as its floors (`--mitmdump`, `--floor`), each added to `services`
+    as it starts (for the caller to stop)."""
+    starts = ([functools.partial(mitmdump_target, workdir, upstream)] if args.mitmdump else []) + (
+        [functools.partial(floor_target, workdir, upstream, mode) for mode in FLOOR_TARGETS] if args.floor else [])
+    targets = []
+    for start in starts:
+        targets.append(start())
+        services.append(targets[-1].proxy)
+    return targets
+
+
 def polar_target(workdir: Path, upstream: Service, sync: str, name: str = "polar") -> Target:
     proxy = start_polar(workdir, upstream, sync)
     return Target(name, f"{proxy.health_url}v1/messages", ANTHROPIC_BODY, ANTHROPIC_HEADERS, proxy)
@@ -399,9 +429,14 @@ def target_lines(cells: list[Cell], polar: str = "polar", peer: str | None = Non
         lines.append(f"target: {polar} adds <= 3 ms p50 at 1 client (non-streamed): {added:.2f} ms{versus} — "
                      f"{'met' if added <= 3 else 'NOT met'}")
         if (m := by.get(("mitmdump", False, 1))) is not None:
-            floor = m.pct(50) - d.pct(50)
-            lines.append(f"floor: mitmproxy alone (mitmdump reverse proxy, no addon) adds {floor:.2f} ms p50 at 1 "
-                         f"client; polar's own work {added - floor:.2f} ms on top")
+            lines.append(f"mitmdump (reverse proxy, its default addons, no script) adds {m.pct(50) - d.pct(50):.2f} "
+                         "ms p50 at 1 client")
+        answer, relay = (by.get((FLOOR_TARGETS[mode], False, 1)) for mode in ("answer", "relay"))
+        if answer is not None and relay is not None:
+            lean, hop = answer.pct(50) - d.pct(50), relay.pct(50) - d.pct(50)
+            lines.append(f"floor: polar's mitmproxy answering from memory adds {lean:.2f} ms p50 at 1 client, relaying "
+                         f"to the upstream with aiohttp {hop:.2f} ms; polar's own work (detect, translate, session, "
+                         f"capture) {added - hop:.2f} ms on top")
     if peer:
         for stream in (False, True):
             p, q = by.get((polar, stream, 64)), by.get((peer, stream, 64))
@@ -412,11 +447,30 @@ def target_lines(cells: list[Cell], polar: str = "polar", peer: str | None = Non
     return lines
 
 
-def loadavg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+@dataclass
+class HostLoad:
+    """The host's load average, and its CPU time so far with the hypervisor's share of it (steal): what a
+    shared VM's other tenants took while the benchmark ran, beside the figures it moves."""
+
+    average: tuple[float, float, float]
+    total: int  # jiffies, all CPUs (/proc/stat)
+    steal: int
+
+    def __str__(self) -> str:
+        return " ".join(f"{x:.2f}" for x in self.average)
+
+    def steal_since(self, earlier: HostLoad) -> float | None:
+        """The share of CPU time stolen between `earlier` and this snapshot (None: no time passed)."""
+        total = self.total - earlier.total
+        return (self.steal - earlier.steal) / total if total > 0 else None
 
 
-def print_report(console: Console, table: Table, lines: list[str], markdown: bool, load_before: str,
+def loadavg() -> HostLoad:
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return HostLoad(os.getloadavg(), sum(fields), fields[7])
+
+
+def print_report(console: Console, table: Table, lines: list[str], markdown: bool, load_before: HostLoad,
                  started: float, command: str) -> None:
     if markdown:
         table.box, table.title_justify = box.MARKDOWN, "left"
@@ -424,8 +478,11 @@ def print_report(console: Console, table: Table, lines: list[str], markdown: boo
     for line in lines:
         console.print(line)
     console.print(f"command: {command}")
-    console.print(f"load average (1/5/15 min) before: {load_before}; after: {loadavg()}; "
-                  f"{os.cpu_count()} cores shared; {time.perf_counter() - started:.0f} s in all")
+    after = loadavg()
+    steal = after.steal_since(load_before)
+    console.print(f"load average (1/5/15 min) before: {load_before}; after: {after}; "
+                  f"{os.cpu_count()} cores shared; {time.perf_counter() - started:.0f} s in all"
+                  + ("" if steal is None else f"; hypervisor steal {steal:.0%} of CPU time during the run"))
 
 
 # -- polar vs direct --------------------------------------------------------------------------------
@@ -441,9 +498,16 @@ def common_args(ap: argparse.ArgumentParser) -> None:
                     help="polar's capture commit mode(s), one polar column each (polar_db_sync; FULL is the "
                          "default: an fsync per call; NORMAL survives a crash of polar but not of the machine)")
     ap.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer dir for the scripted double")
-    ap.add_argument("--mitmdump", action="store_true",
-                    help="also mitmproxy alone: plain `mitmdump` reverse-proxying direct's request (polar's floor)")
     ap.add_argument("--markdown", action="store_true", help="draw the table as Markdown (for docs/benchmarks.md)")
+
+
+def reference_args(ap: argparse.ArgumentParser) -> None:
+    """The floors measured beside polar (`reference_targets`)."""
+    ap.add_argument("--mitmdump", action="store_true",
+                    help="also plain `mitmdump` reverse-proxying direct's request (its default addons, no script)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also polar's floors: its mitmproxy with a one-job addon answering from memory "
+                         "('mitm answers') and relaying to the upstream with aiohttp ('mitm relay')")
 
 
 def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -468,6 +532,7 @@ def polar_name(sync: str, syncs: list[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> list[Cell]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common_args(ap)
+    reference_args(ap)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     check_args(ap, args)
@@ -477,10 +542,7 @@ def main(argv: Sequence[str] | None = None) -> list[Cell]:
         try:
             upstream = start_upstream(Path(tmp), args.tokenizer)
             services.append(upstream)
-            targets = [direct_target(upstream)]
-            if args.mitmdump:
-                targets.append(mitmdump_target(Path(tmp), upstream))
-                services.append(targets[-1].proxy)
+            targets = [direct_target(upstream), *reference_targets(Path(tmp), upstream, args, services)]
             for sync in args.sync:
                 targets.append(polar_target(Path(tmp), upstream, sync, polar_name(sync, args.sync)))
                 services.append(targets[-1].proxy)

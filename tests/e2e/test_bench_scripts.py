@@ -29,16 +29,20 @@ def _check_cells(cells, targets: list[str]) -> None:
 
 def test_bench_proxy_tiny(tokenizer_dir, capsys, monkeypatch):
     bench = load_script(monkeypatch, "bench_proxy")
-    cells = bench.main(["--requests", "5", "--concurrency", "1", "--mitmdump", "--tokenizer", str(tokenizer_dir)])
+    cells = bench.main(["--requests", "5", "--concurrency", "1", "--mitmdump", "--floor",
+                        "--tokenizer", str(tokenizer_dir)])
     out = capsys.readouterr().out
 
-    _check_cells(cells, ["direct", "mitmdump", "polar"])  # mitmdump: mitmproxy alone, polar's floor
+    # mitmdump: plain mitmproxy; the two floors: polar's own mitmproxy answering itself and relaying upstream
+    _check_cells(cells, ["direct", "mitmdump", "mitm answers", "mitm relay", "polar"])
     assert "polar vs direct upstream" in out
     for column in ("added p50 ms", "req/s vs direct", "proxy CPU ms/req", "· main thread", "upstream CPU ms/req"):
         assert column in out, column
     assert "target: polar adds <= 3 ms p50 at 1 client (non-streamed)" in out
-    assert "floor: mitmproxy alone (mitmdump reverse proxy, no addon) adds" in out
+    assert "mitmdump (reverse proxy, its default addons, no script) adds" in out
+    assert "floor: polar's mitmproxy answering from memory adds" in out and "polar's own work (detect, translate" in out
     assert "command: python scripts/bench_proxy.py --requests 5" in out and "load average" in out
+    assert "% of CPU time during the run" in out  # the hypervisor's steal: what moves the ms from hour to hour
     # direct, polar (streamed or not) and the warm-ups all asked the upstream the same thing: one distinct body
     assert "(1 distinct request body)" in out
 

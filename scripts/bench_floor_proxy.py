@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""A benchmark reference: mitmproxy as `polar proxy` runs it (polar's `LeanMaster`), with a one-job addon
+in place of polar's — the floor under polar's small-call path, measured beside it by bench_proxy.py --floor.
+
+  --mode answer  every call is answered from memory (the upstream's answer to the first such call): what
+                 mitmproxy itself costs a call that an addon answers — no upstream, no translation, no capture;
+  --mode relay   every call's body is sent on to the upstream with one pooled aiohttp session (as polar's
+                 upstream client does) and its answer returned: what any mitmproxy-addon gateway pays before
+                 doing its own work (detect, translate, session, capture). A streamed answer is passed on
+                 whole once the upstream has ended it (polar streams it as it comes).
+
+    python scripts/bench_floor_proxy.py --port 8090 --upstream http://127.0.0.1:8000 --mode relay
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+import aiohttp
+from mitmproxy import http, options
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from polar.mitm.master import LeanMaster  # noqa: E402
+
+
+class Floor:
+    """Answers each call: from memory (`answer`) or with the upstream's answer to its body (`relay`)."""
+
+    def __init__(self, upstream: str, mode: str):
+        self.upstream, self.mode = upstream.rstrip("/"), mode
+        self.session: aiohttp.ClientSession | None = None
+        self.remembered: dict[tuple[str, str, bytes], tuple[int, bytes, str]] = {}  # by method, path, body
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        key = (flow.request.method, flow.request.path, flow.request.content or b"")
+        if self.mode == "answer" and key in self.remembered:
+            status, body, ctype = self.remembered[key]
+        else:
+            if self.session is None:  # made on the proxy's event loop
+                self.session = aiohttp.ClientSession()
+            async with self.session.request(flow.request.method, self.upstream + flow.request.path,
+                                            data=flow.request.content,
+                                            headers={"content-type": "application/json"}) as resp:
+                status, body, ctype = resp.status, await resp.read(), resp.headers.get("content-type", "")
+            if self.mode == "answer" and status == 200:
+                self.remembered[key] = (status, body, ctype)
+        flow.response = http.Response.make(status, body, {"content-type": ctype})
+
+    async def done(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+
+async def serve(port: int, upstream: str, mode: str) -> None:
+    opts = options.Options()
+    master = LeanMaster(opts)
+    master.addons.add(Floor(upstream, mode))
+    # As ProxyConfig.mitm_options sets them for `polar proxy`: reverse mode, no dial to the upstream.
+    opts.update(mode=[f"reverse:{upstream}@{port}"], listen_host="127.0.0.1", connection_strategy="lazy",
+                termlog_verbosity="warn")
+    await master.run()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--upstream", required=True, help="base URL of the upstream (scripts/bench_upstream.py)")
+    ap.add_argument("--mode", choices=["answer", "relay"], required=True)
+    args = ap.parse_args()
+    asyncio.run(serve(args.port, args.upstream, args.mode))
+
+
+if __name__ == "__main__":
+    main()
