@@ -24,6 +24,7 @@ from mitmproxy import http, options
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from polar.mitm.master import LeanMaster  # noqa: E402
+from polar.mitm.proxy import ProxyConfig  # noqa: E402
 
 
 class Floor:
@@ -58,9 +59,7 @@ async def serve(port: int, upstream: str, mode: str) -> None:
     opts = options.Options()
     master = LeanMaster(opts)
     master.addons.add(Floor(upstream, mode))
-    # As ProxyConfig.mitm_options sets them for `polar proxy`: reverse mode, no dial to the upstream.
-    opts.update(mode=[f"reverse:{upstream}@{port}"], listen_host="127.0.0.1", connection_strategy="lazy",
-                termlog_verbosity="warn")
+    opts.update(**ProxyConfig(upstream=upstream, port=port).mitm_options())  # as `polar proxy` sets mitmproxy up
     await master.run()
 
 

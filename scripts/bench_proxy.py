@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import os
 import shlex
 import statistics
@@ -235,12 +234,16 @@ def reference_targets(workdir: Path, upstream: Service, args: argparse.Namespace
                       services: list[Service]) -> list[Target]:
     """The proxies measured beside polar as its floors (`--mitmdump`, `--floor`), each added to `services`
     as it starts (for the caller to stop)."""
-    starts = ([functools.partial(mitmdump_target, workdir, upstream)] if args.mitmdump else []) + (
-        [functools.partial(floor_target, workdir, upstream, mode) for mode in FLOOR_TARGETS] if args.floor else [])
-    targets = []
-    for start in starts:
-        targets.append(start())
-        services.append(targets[-1].proxy)
+    targets: list[Target] = []
+
+    def started(target: Target) -> None:
+        targets.append(target)
+        services.append(target.proxy)
+
+    if args.mitmdump:
+        started(mitmdump_target(workdir, upstream))
+    for mode in FLOOR_TARGETS if args.floor else ():
+        started(floor_target(workdir, upstream, mode))
     return targets
 
 

@@ -42,7 +42,7 @@ def test_bench_proxy_tiny(tokenizer_dir, capsys, monkeypatch):
     assert "mitmdump (reverse proxy, its default addons, no script) adds" in out
     assert "floor: polar's mitmproxy answering from memory adds" in out and "polar's own work (detect, translate" in out
     assert "command: python scripts/bench_proxy.py --requests 5" in out and "load average" in out
-    assert "% of CPU time during the run" in out  # the hypervisor's steal: what moves the ms from hour to hour
+    assert "% of CPU time during the run" in out  # the hypervisor's steal over the run, beside the ms it may move
     # direct, polar (streamed or not) and the warm-ups all asked the upstream the same thing: one distinct body
     assert "(1 distinct request body)" in out
 
