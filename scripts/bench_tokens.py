@@ -412,11 +412,11 @@ async def write_call(writer: CaptureWriter, state: SessionState, session: str, c
     """Write one call as the gateway does: the pending row, then the completion (its prompt stored against
     the session's earlier sequences, its messages by reference), awaited until committed; then remember it."""
     start = CallStart(call_id=call_id, session_id=session, client=None, key_hash=None, t_start=time.time(), **call.begin)
-    row_id = await writer.start(start)
+    arrival = writer.start(start)
     end = CallEnd(**{**call.finish, **({"canonical": canonical} if canonical is not None else {})}, t_end=time.time())
     end.messages = encode_messages(end.canonical["messages"], state.messages)
     end.tokens = TokenRecord(call.prompt, call.sampled, call.logprobs, state.lineage(call.prompt))
-    row_id = await writer.finish(row_id, start, end)
+    row_id = await writer.finish(arrival, end)
     state.messages = end.messages.log(row_id, end.canonical["messages"])
     state.add(Turn(row_id, state.branch_point(call.prompt).hold(call.prompt, call.sampled), len(call.prompt), "", [],
                    ""), keep=16)

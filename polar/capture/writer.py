@@ -1,9 +1,11 @@
 """The capture writer: one SQLite row per model call, committed before the client sees the answer.
 
 One thread owns the write connection and commits in groups: under load many calls share one
-fsync, at rest each call gets its own. Callers on the event loop await a future that resolves once
-the transaction holding their write has committed — or raises `CaptureError`, so a call whose
-capture failed never answers as if it had been recorded.
+fsync, at rest each call gets its own. An arrival is queued and not waited for (`start` returns an
+`Arrival` the writer thread fills in); a completion is awaited: its future resolves once the
+transaction holding it has committed — or raises `CaptureError`, so a call whose capture failed never
+answers as if it had been recorded. The writer wakes each waiting event loop once per group, not
+once per write: a thread hand-off costs a small call more than its SQL does.
 
 No call's row depends on another call's statement: each write runs in its own SAVEPOINT, so a
 statement that fails rolls back that write alone; if the group's COMMIT fails (disk full, I/O
@@ -30,7 +32,9 @@ import queue
 import secrets
 import sqlite3
 import threading
+from collections import defaultdict
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,16 @@ class CaptureError(RuntimeError):
     """A capture write did not commit; the message says why (disk full, I/O error, …)."""
 
 
+@dataclass
+class Arrival:
+    """A call as `start` queued it. `row_id` is its pending row once the writer thread has written it, and
+    None while it is not (not yet, or not at all: the completion then inserts the row whole). Only the
+    writer thread reads or sets it, and it takes the arrival before the completion that follows it."""
+
+    call: CallStart
+    row_id: int | None = None
+
+
 class CaptureWriter:
     def __init__(self, path: str | Path, synchronous: str = "FULL", max_batch: int = 256, busy_timeout: float = 30.0):
         self.path = str(path)
@@ -58,6 +72,7 @@ class CaptureWriter:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.busy_timeout = self._busy_applied = busy_timeout
         self._conn = schema.connect(self.path, self.synchronous, busy_timeout)
+        self._sync_applied = self.synchronous
         schema.ensure(self._conn)
         schema.presize_wal(self._conn, self.path, self.synchronous)
         self._files = _identity(self.path)
@@ -78,18 +93,24 @@ class CaptureWriter:
 
     # -- the API (event loop side) ---------------------------------------------------------
 
-    async def start(self, call: CallStart) -> int | None:
-        """Record an arriving call as pending; its row id, or None when even that could not be written
-        (the call goes on: `finish` then inserts the row whole)."""
-        try:
-            return await asyncio.wrap_future(self._submit(("start", call)))
-        except CaptureError as exc:
-            log.error("could not record the arrival of call %s: %s", call.call_id, exc)
-            return None
+    def start(self, call: CallStart) -> Arrival:
+        """Queue an arriving call's pending row, committed by the writer thread while the call goes on
+        (nothing waits for it; a failure is logged, and `finish` then inserts the row whole)."""
+        arrival = Arrival(call)
+        self._queue.put((("start", arrival), None))
+        return arrival
 
-    async def finish(self, row_id: int | None, call: CallStart, end: CallEnd) -> int:
+    async def finish(self, arrival: Arrival, end: CallEnd) -> int:
         """Complete a call's row (or insert it whole) and wait for the commit. Returns the row id."""
-        return await asyncio.wrap_future(self._submit(("finish", row_id, call, end)))
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.put((("finish", arrival, end), fut))
+        return await fut
+
+    async def flush(self) -> None:
+        """Wait until everything queued before this has been committed (or has failed)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.put((("flush",), fut))
+        await fut
 
     def size_bases(self, max_bytes: int) -> None:
         """The bases' memory (each of request bodies and of large answers), applied from the next commit."""
@@ -114,6 +135,22 @@ class CaptureWriter:
         self._queue.put((op, fut))
         return fut
 
+    @staticmethod
+    def _answer(replies: list[tuple[Any, Any]]) -> None:
+        """Hand each waiter its outcome: a thread's future at once, an event loop's futures in one wake-up
+        of that loop (a loop already closed has no one left waiting)."""
+        by_loop: dict[Any, list[tuple[asyncio.Future, Any]]] = defaultdict(list)
+        for fut, outcome in replies:
+            if isinstance(fut, Future):
+                fut.set_exception(outcome) if isinstance(outcome, BaseException) else fut.set_result(outcome)
+            else:
+                by_loop[fut.get_loop()].append((fut, outcome))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle_futures, items)
+            except RuntimeError:  # that loop is closed
+                pass
+
     # -- the writer thread -----------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -126,24 +163,25 @@ class CaptureWriter:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            work = [(op, fut) for op, fut in batch if op is not _STOP]
+            work = [(op, fut) for op, fut in batch if op is not _STOP and op[0] != "flush"]
+            replies: list[tuple[Any, Any]] = []
             try:
                 if work:
-                    self._commit_group(work)
+                    replies = self._commit_group(work)
             except Exception as exc:  # never leave a caller waiting, never let the writer die
                 log.exception("capture writer failed on a group of %d writes", len(work))
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
-                for _, fut in work:
-                    if not fut.done():
-                        fut.set_exception(CaptureError(f"{type(exc).__name__}: {exc}"))
-            if len(work) < len(batch):
-                for op, fut in batch:
-                    if op is _STOP:
-                        fut.set_result(None)
+                self._abort(work, str(exc))
+                replies = [(fut, CaptureError(f"{type(exc).__name__}: {exc}")) for _, fut in work]
+            replies = [(fut, out) for fut, out in replies if fut is not None]
+            replies += [(fut, None) for op, fut in batch if op is _STOP or op[0] == "flush"]
+            self._answer(replies)
+            if any(op is _STOP for op, _ in batch):
                 return
 
-    def _commit_group(self, work: list[tuple[Any, Future]]) -> None:
+    def _commit_group(self, work: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+        """Commit a group of writes: each write's waiter (None for an arrival) and its outcome."""
         # Only completions are awaited by a client's answer, so only they pay for an fsync; a group of
         # arrivals alone commits without one (still safe against the proxy being killed).
         durable = any(op[0] == "finish" for op, _ in work)
@@ -159,14 +197,19 @@ class CaptureWriter:
             for item in work:
                 one = self._transaction([item], durable=item[0][0] == "finish")
                 outcomes.append(one if isinstance(one, CaptureError) else one[0] if one else CaptureError(self._last_error))
+        replies = []
         for (op, fut), outcome in zip(work, outcomes):
             if isinstance(outcome, BaseException):
-                log.error("capture write failed (%s): %s", op[0], outcome)
-                fut.set_exception(outcome if isinstance(outcome, CaptureError) else CaptureError(str(outcome)))
-            else:
-                fut.set_result(outcome)
+                if op[0] == "start":
+                    op[1].row_id = None  # not written: its completion inserts the row whole
+                    log.error("could not record the arrival of call %s: %s", op[1].call.call_id, outcome)
+                else:
+                    log.error("capture write failed (%s): %s", op[0], outcome)
+                outcome = outcome if isinstance(outcome, CaptureError) else CaptureError(str(outcome))
+            replies.append((fut, outcome))
+        return replies
 
-    def _transaction(self, work: list[tuple[Any, Future]], durable: bool) -> list[Any] | CaptureError | None:
+    def _transaction(self, work: list[tuple[Any, Any]], durable: bool) -> list[Any] | CaptureError | None:
         """Run `work` in one transaction, each write in its own savepoint. None if the COMMIT failed,
         a CaptureError if the transaction could not begin."""
         conn = self._conn
@@ -174,7 +217,10 @@ class CaptureWriter:
             if self.busy_timeout != self._busy_applied:
                 conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
                 self._busy_applied = self.busy_timeout
-            conn.execute(f"PRAGMA synchronous={self.synchronous if durable else 'NORMAL'}")
+            sync = self.synchronous if durable else "NORMAL"
+            if sync != self._sync_applied:  # a PRAGMA is a statement like any other: only when it changes
+                conn.execute(f"PRAGMA synchronous={sync}")
+                self._sync_applied = sync
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             return CaptureError(f"could not open a write transaction: {exc}")
@@ -186,12 +232,12 @@ class CaptureWriter:
                 outcomes.append(self._apply(op))
                 conn.execute("RELEASE w")
             except Exception as exc:  # noqa: BLE001 — any failed write (SQLite, encoding, a bug) is undone alone
+                if op[0] == "start":
+                    op[1].row_id = None
                 for bases, mark in zip(self._bases, marks):
                     bases.undo(mark)  # its bodies are no base for anyone
                 if not conn.in_transaction:  # SQLite rolled the whole transaction back (disk full, I/O error)
-                    for bases in self._bases:
-                        bases.abort()
-                    self._last_error = str(exc)
+                    self._abort(work, str(exc))
                     return None
                 conn.execute("ROLLBACK TO w")  # this write alone is undone; the others stand
                 conn.execute("RELEASE w")
@@ -199,9 +245,7 @@ class CaptureWriter:
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            for bases in self._bases:
-                bases.abort()
-            self._last_error = str(exc)
+            self._abort(work, str(exc))
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             return None
@@ -211,10 +255,22 @@ class CaptureWriter:
             self._packer.store(conn)
         return outcomes
 
+    def _abort(self, work: list[tuple[Any, Any]], error: str) -> None:
+        """The transaction is gone: nothing in it was written (its arrivals have no row, its bodies are no base)."""
+        for bases in self._bases:
+            bases.abort()
+        for op, _ in work:
+            if op[0] == "start":
+                op[1].row_id = None
+        self._last_error = error
+
     def _apply(self, op: tuple) -> int:
         if op[0] == "start":
-            return self._insert_call(op[1], {})
-        _, row_id, call, end = op
+            # Set now, not at the commit: the call's completion may follow in this same transaction.
+            op[1].row_id = self._insert_call(op[1].call, {})
+            return op[1].row_id
+        _, arrival, end = op
+        row_id, call = arrival.row_id, arrival.call
         fields, values = end.encode(self._packer, self._store_answer(call.session_id, end.response_body))
         for value in values:  # the tools come with every call: compressed only the first time
             if self._conn.execute("SELECT 1 FROM messages WHERE hash=?", (value.digest,)).fetchone() is None:
@@ -263,11 +319,11 @@ class CaptureWriter:
     def _fallback(self, op: tuple, exc: Exception) -> Exception:
         """A completion that cannot be stored as it is (say, text SQLite cannot encode) still leaves its
         row saying so; the waiting call gets the error either way."""
-        if op[0] == "finish" and op[1] is not None:
+        if op[0] == "finish" and op[1].row_id is not None:
             try:
                 self._conn.execute(
                     "UPDATE calls SET status='error', error_kind='capture_failed', error=? WHERE id=?",
-                    (f"polar could not record this call: {type(exc).__name__}: {exc}", op[1]),
+                    (f"polar could not record this call: {type(exc).__name__}: {exc}", op[1].row_id),
                 )
             except sqlite3.Error:
                 pass
@@ -292,6 +348,13 @@ class CaptureWriter:
         if count:
             log.warning("marked %d calls from an earlier run as interrupted", count)
         return count
+
+
+def _settle_futures(items: list[tuple[asyncio.Future, Any]]) -> None:
+    """On the waiting loop: resolve its futures (one a caller gave up on is left alone)."""
+    for fut, outcome in items:
+        if not fut.done():
+            fut.set_exception(outcome) if isinstance(outcome, BaseException) else fut.set_result(outcome)
 
 
 def _identity(path: str) -> tuple:

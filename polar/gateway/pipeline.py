@@ -32,7 +32,7 @@ from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, MessageLog, TokenRecord, encode_messages
 from polar.capture.tokens import as_ids
 from polar.capture.working_set import Budgets
-from polar.capture.writer import CaptureError, CaptureWriter
+from polar.capture.writer import Arrival, CaptureError, CaptureWriter
 from polar.errors import GatewayError
 from polar.gateway.body import decode
 from polar.gateway.gate import SamplingGate
@@ -157,12 +157,12 @@ class Gateway:
             request_body=req.body,
             t_start=time.time(),
         )
-        # Queued now, committed by the writer thread while the call is parsed and sent upstream: not a wait
-        # on the call's path. Its row id is awaited when the call settles.
-        arrival = asyncio.ensure_future(self.writer.start(call))
+        # Queued now, committed by the writer thread while the call is parsed and sent upstream: nothing
+        # waits for it; the completion, queued after it, updates its row (or inserts the row whole).
+        arrival = self.writer.start(call)
         meta: dict[str, Any] = {"session": ident.session, "provider": provider.name, "call_id": call.call_id}
         call_state = _Call()
-        settle = functools.partial(self._settle, arrival, call, call_state, ident.session, meta)
+        settle = functools.partial(self._settle, arrival, call_state, ident.session, meta)
         try:
             answer = await self._answer(req, ident, route, call, call_state)
             if isinstance(answer, _Opened):
@@ -187,17 +187,17 @@ class Gateway:
                    **ids}
         return StreamReply(200, headers, stream)
 
-    async def _settle(self, arrival: asyncio.Future, call: CallStart, state: _Call, session: str,
+    async def _settle(self, arrival: Arrival, state: _Call, session: str,
                       meta: dict[str, Any], end: CallEnd, result: ChatResult | None) -> str | None:
         """Fill the call's row from what it learnt, commit it, then let the session state learn the turn.
         Returns why the row could not be committed, or None."""
-        row_id = await arrival  # None: not written, `finish` inserts the row whole
+        call = arrival.call
         if result is not None and state.result is None:  # a streamed turn: known only now
             state.take(result, time.time() - state.t_up_start)
         state.fill(end, self.gate)
         end.t_end = time.time()
         try:
-            meta["row"] = await self.writer.finish(row_id, call, end)
+            meta["row"] = await self.writer.finish(arrival, end)
         except CaptureError as exc:
             log.error("call %s could not be recorded: %s", call.call_id, exc)
             return str(exc)

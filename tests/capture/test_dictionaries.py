@@ -47,7 +47,7 @@ def _call(n: int, session: str) -> tuple[CallStart, CallEnd]:
 def _run(writer: CaptureWriter, calls: list[tuple[CallStart, CallEnd]]) -> None:
     async def go():
         for start, end in calls:
-            await writer.finish(await writer.start(start), start, end)
+            await writer.finish(writer.start(start), end)
     asyncio.run(go())
 
 

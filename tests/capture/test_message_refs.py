@@ -31,7 +31,7 @@ def _write(writer: CaptureWriter, session: str, call_id: str, messages: list[dic
     end.messages = encode_messages(messages, last)
 
     async def both() -> int:
-        return await writer.finish(await writer.start(start), start, end)
+        return await writer.finish(writer.start(start), end)
 
     return end.messages.log(asyncio.run(both()), messages)
 

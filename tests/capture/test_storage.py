@@ -19,7 +19,7 @@ from polar.capture import writer as writer_module
 from polar.capture.dictionaries import Dictionaries
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, MessageLog, encode_messages
-from polar.capture.writer import CaptureError, CaptureWriter
+from polar.capture.writer import Arrival, CaptureError, CaptureWriter
 
 
 def _start(call_id: str, session: str, body: bytes) -> CallStart:
@@ -36,7 +36,7 @@ def _write(writer: CaptureWriter, calls: list[CallStart], together: int = 1) -> 
     (a body then cannot be the base of another in its own transaction). Each response: its request
     reversed, so large ones are compressed too."""
     async def one(call: CallStart) -> int:
-        return await writer.finish(await writer.start(call), call, _end(response_body=call.request_body[::-1]))
+        return await writer.finish(writer.start(call), _end(response_body=call.request_body[::-1]))
 
     async def run() -> list[int]:
         ids: list[int] = []
@@ -218,7 +218,7 @@ def test_a_body_whose_write_was_undone_is_no_base(tmp_path):
 
     writer._bodies.wrote = wrote_then_fail
     with pytest.raises(CaptureError, match="after the insert"):
-        asyncio.run(writer.finish(None, _start("bad", "s", big + b"y"), _end()))
+        asyncio.run(writer.finish(Arrival(_start("bad", "s", big + b"y")), _end()))
     second = _write(writer, [_start("ok2", "s", big + b"z")])[0]
     writer.close()
     _assert_based_on(tmp_path / "c.db", second, first, {"ok1": big, "ok2": big + b"z"})
@@ -308,7 +308,7 @@ def test_large_responses_are_stored_against_the_sessions_earlier_answers(tmp_pat
     async def run() -> None:
         for call_id, answer in answers.items():
             call = _start(call_id, call_id[0], b"{}")
-            await writer.finish(await writer.start(call), call, _end(response_body=answer))
+            await writer.finish(writer.start(call), _end(response_body=answer))
 
     asyncio.run(run())
     writer.close()
@@ -334,10 +334,10 @@ def test_a_response_whose_write_was_undone_is_no_base(tmp_path):
     writer = CaptureWriter(tmp_path / "c.db")
     big = random.Random(5).randbytes(bodies.ANSWER_APART + 1000)
     call = _start("ok1", "s", b"{}")
-    first = asyncio.run(writer.finish(None, call, _end(response_body=big)))
+    first = asyncio.run(writer.finish(Arrival(call), _end(response_body=big)))
     with pytest.raises(CaptureError):  # a model name SQLite cannot encode: the UPDATE fails after the body's insert
-        asyncio.run(writer.finish(None, _start("bad", "s", b"{}"), _end(response_body=big + b"y", model="\ud800")))
-    second = asyncio.run(writer.finish(None, _start("ok2", "s", b"{}"), _end(response_body=big + b"z")))
+        asyncio.run(writer.finish(Arrival(_start("bad", "s", b"{}")), _end(response_body=big + b"y", model="\ud800")))
+    second = asyncio.run(writer.finish(Arrival(_start("ok2", "s", b"{}")), _end(response_body=big + b"z")))
     writer.close()
     conn = sqlite3.connect(tmp_path / "c.db")
     answer_of = "SELECT response_body_id FROM calls WHERE id=?"
@@ -366,7 +366,7 @@ def test_large_canonical_parts_are_stored_once_and_read_back_unchanged(tmp_path)
             end = _end(canonical=canonical, result=json.dumps({"content": f"{session} {turn} " * 400}))
             end.messages = encode_messages(messages, last[session])
             call = _start(f"{session}{turn}", session, b"{}")
-            row = asyncio.run(writer.finish(None, call, end))
+            row = asyncio.run(writer.finish(Arrival(call), end))
             last[session] = end.messages.log(row, messages)
             sent[call.call_id] = canonical
     writer.close()

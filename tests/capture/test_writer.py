@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart
 from polar.capture.tokens import common_prefix_len, pack_ids, unpack_ids
-from polar.capture.writer import CaptureError, CaptureWriter
+from polar.capture.writer import Arrival, CaptureError, CaptureWriter
 from polar.sqlite_files import WrongDatabase
 from tests.support.captures import Recorder
 
@@ -138,45 +139,83 @@ def test_canonical_messages_are_stored_once_and_read_back_exactly(tmp_path):
     rec.close()
 
 
-def test_a_failed_write_never_loses_another_calls_row(tmp_path):
-    """Arrival A and a failing arrival B in one group: A's row stands, B's caller gets the error."""
+def test_a_failed_write_never_loses_another_calls_row(tmp_path, caplog):
+    """Arrivals B (failing) and C in one group: C's row stands, B's failure is logged, and B's completion,
+    which cannot be stored either, fails its caller alone."""
     writer = CaptureWriter(tmp_path / "c.db")
     gate, real = threading.Event(), writer._apply
-    calls = []
+    groups = []
 
-    def held(op):  # the writer waits on its first write until both are queued: one group
-        calls.append(op[0])
+    def held(op):  # the writer waits on A until B and C are queued: they make the next group
+        groups.append(op[1].call.call_id)
         gate.wait(5)
         return real(op)
 
     writer._apply = held
 
-    async def both():
-        a = asyncio.ensure_future(writer.start(_start("A")))
+    async def run():
+        a = writer.start(_start("A"))
         await asyncio.sleep(0.05)
-        bad = _start("B", headers={"x": object()})  # cannot be encoded as JSON
-        fb = asyncio.wrap_future(writer._submit(("start", bad)))
-        c = asyncio.ensure_future(writer.start(_start("C")))
-        await asyncio.sleep(0.05)
+        b = writer.start(_start("B", headers={"x": object()}))  # cannot be encoded as JSON
+        c = writer.start(_start("C"))
         gate.set()
-        row_a = await a
+        assert await writer.finish(a, _end(model="m")) == a.row_id
         with pytest.raises(CaptureError, match="not JSON serializable"):
-            await fb
-        row_c = await c
-        assert await writer.finish(row_a, _start("A"), _end(model="m")) == row_a
-        return row_a, row_c
+            await writer.finish(b, _end(model="m"))
+        return b, c
 
-    row_a, row_c = asyncio.run(both())
+    b, c = asyncio.run(run())
     rows = _rows(tmp_path / "c.db")
-    assert set(rows) == {"A", "C"} and rows["A"]["status"] == "ok" and rows["A"]["id"] == row_a
-    assert rows["C"]["status"] == "pending" and rows["C"]["id"] == row_c
+    assert groups[:3] == ["A", "B", "C"]
+    assert set(rows) == {"A", "C"} and rows["A"]["status"] == "ok"
+    assert b.row_id is None and rows["C"]["status"] == "pending" and rows["C"]["id"] == c.row_id
+    assert "could not record the arrival of call B" in caplog.text
+    writer.close()
+
+
+def test_one_group_answers_every_waiting_loop_and_skips_a_caller_that_gave_up(tmp_path):
+    """Completions from two event loops (two threads) and one abandoned caller share a group: each loop's
+    callers get their own rows in one wake-up of that loop; the abandoned call is still committed."""
+    writer = CaptureWriter(tmp_path / "c.db")
+    gate, real = threading.Event(), writer._apply
+
+    def held(op):  # the writer holds its first write until every other one is queued behind it
+        gate.wait(5)
+        return real(op)
+
+    writer._apply = held
+    queued = threading.Barrier(3)
+
+    async def loop_calls(prefix: str, n: int) -> list[int]:
+        arrivals = [writer.start(_start(f"{prefix}{i}")) for i in range(n)]
+        done = asyncio.gather(*(writer.finish(a, _end()) for a in arrivals))
+        await asyncio.sleep(0.05)
+        await asyncio.to_thread(queued.wait, 5)
+        return await done
+
+    async def abandoned() -> None:
+        task = asyncio.ensure_future(writer.finish(writer.start(_start("gone")), _end()))
+        await asyncio.sleep(0.05)
+        task.cancel()  # a client that disconnected while its row was being written
+        await asyncio.to_thread(queued.wait, 5)
+
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(asyncio.run, loop_calls("a", 4))
+        second = pool.submit(asyncio.run, loop_calls("b", 3))
+        pool.submit(asyncio.run, abandoned()).result(10)
+        gate.set()
+        ids = first.result(10) + second.result(10)
+    asyncio.run(writer.flush())
+    rows = _rows(tmp_path / "c.db")
+    assert sorted(ids) == sorted(rows[k]["id"] for k in rows if k != "gone") and len(set(ids)) == 7
+    assert all(r["status"] == "ok" for r in rows.values()) and "gone" in rows
     writer.close()
 
 
 def test_completing_a_call_whose_arrival_is_missing_inserts_it_whole(tmp_path):
     writer = CaptureWriter(tmp_path / "c.db")
-    row = asyncio.run(writer.finish(None, _start("lost"), _end(model="m")))
-    row2 = asyncio.run(writer.finish(987654, _start("gone"), _end(model="m")))  # an id that is not there
+    row = asyncio.run(writer.finish(Arrival(_start("lost")), _end(model="m")))
+    row2 = asyncio.run(writer.finish(Arrival(_start("gone"), 987654), _end(model="m")))  # an id that is not there
     rows = _rows(tmp_path / "c.db")
     assert rows["lost"]["id"] == row and rows["gone"]["id"] == row2
     assert rows["lost"]["status"] == rows["gone"]["status"] == "ok" and rows["gone"]["path"] == "/t"
@@ -187,10 +226,9 @@ def test_a_row_that_cannot_be_encoded_is_marked_and_its_caller_told(tmp_path):
     writer = CaptureWriter(tmp_path / "c.db")
 
     async def run():
-        row = await writer.start(_start("odd"))
+        arrival = writer.start(_start("odd"))
         with pytest.raises(CaptureError, match="surrogates not allowed"):
-            await writer.finish(row, _start("odd"), _end(model="\ud800"))
-        return row
+            await writer.finish(arrival, _end(model="\ud800"))
 
     asyncio.run(run())
     row = _rows(tmp_path / "c.db")["odd"]
@@ -200,15 +238,15 @@ def test_a_row_that_cannot_be_encoded_is_marked_and_its_caller_told(tmp_path):
 
 def test_disk_full_fails_the_waiting_call_and_the_writer_recovers(tmp_path):
     writer = CaptureWriter(tmp_path / "c.db")
-    rec_row = asyncio.run(writer.finish(None, _start("before"), _end()))
+    rec_row = asyncio.run(writer.finish(Arrival(_start("before")), _end()))
     pages = writer._conn.execute("PRAGMA page_count").fetchone()[0]
     writer._conn.execute(f"PRAGMA max_page_count={pages}")  # the database may not grow: "disk full"
     # More than the free pages the WAL presize left, even compressed: random bytes do not compress.
     big = _end(response_body=random.Random(0).randbytes(8_000_000))
     with pytest.raises(CaptureError, match="full"):
-        asyncio.run(writer.finish(None, _start("big"), big))
+        asyncio.run(writer.finish(Arrival(_start("big")), big))
     writer._conn.execute("PRAGMA max_page_count=1073741823")
-    asyncio.run(writer.finish(None, _start("after"), big))
+    asyncio.run(writer.finish(Arrival(_start("after")), big))
     rows = _rows(tmp_path / "c.db")
     assert set(rows) == {"before", "after"} and rows["before"]["id"] == rec_row
     writer.close()
@@ -217,19 +255,20 @@ def test_disk_full_fails_the_waiting_call_and_the_writer_recovers(tmp_path):
 def test_only_dead_writers_pending_rows_are_marked_interrupted(tmp_path):
     db = tmp_path / "c.db"
     live = CaptureWriter(db)
-    live_row = asyncio.run(live.start(_start("live")))
+    live_call = live.start(_start("live"))
+    asyncio.run(live.flush())
     # A gateway killed mid-call: its process exits without closing; the kernel drops its lease lock.
     script = ("import asyncio, os, time, sys; from polar.capture.writer import CaptureWriter; "
               "from tests.capture.test_writer import _start; w = CaptureWriter(sys.argv[1]); "
-              "asyncio.run(w.start(_start('dead'))); os._exit(0)")
+              "w.start(_start('dead')); asyncio.run(w.flush()); os._exit(0)")
     subprocess.run([sys.executable, "-c", script, str(db)], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
     second = CaptureWriter(db)  # an option change, or a restart beside a live gateway
     rows = _rows(db)
     assert second.interrupted == 1 and rows["dead"]["status"] == "interrupted"
     assert rows["live"]["status"] == "pending"  # the live gateway's call is not touched
-    asyncio.run(live.finish(live_row, _start("live"), _end()))
+    asyncio.run(live.finish(live_call, _end()))
     assert _rows(db)["live"]["status"] == "ok"
-    ids = [asyncio.run(w.finish(None, _start(f"n{i}"), _end())) for i, w in enumerate((live, second, live, second))]
+    ids = [asyncio.run(w.finish(Arrival(_start(f"n{i}")), _end())) for i, w in enumerate((live, second, live, second))]
     assert len(set(ids)) == 4  # ids come from SQLite: two writers never collide
     live.close(), second.close()
     assert CaptureWriter(db).interrupted == 0
@@ -249,13 +288,13 @@ def test_a_database_deleted_or_replaced_under_the_writer_fails_closed(tmp_path):
     """SQLite in WAL mode would go on writing to the unlinked file without an error: rows lost silently."""
     db = tmp_path / "c.db"
     writer = CaptureWriter(db)
-    asyncio.run(writer.finish(None, _start("before"), _end()))
+    asyncio.run(writer.finish(Arrival(_start("before")), _end()))
     moved = tmp_path / "moved.db"
     db.rename(moved)
     with pytest.raises(CaptureError, match="deleted, moved or replaced"):
-        asyncio.run(writer.finish(None, _start("lost"), _end()))
+        asyncio.run(writer.finish(Arrival(_start("lost")), _end()))
     moved.rename(db)  # put back: the same file, so writes go on
-    asyncio.run(writer.finish(None, _start("after"), _end()))
+    asyncio.run(writer.finish(Arrival(_start("after")), _end()))
     writer.close()
     assert set(_rows(db)) == {"before", "after"}
 
@@ -267,7 +306,7 @@ def test_a_lock_held_past_the_busy_timeout_fails_the_group_once_then_recovers(tm
     other.execute("BEGIN EXCLUSIVE")
 
     async def group():
-        return await asyncio.gather(*(writer.finish(None, _start(f"w{i}"), _end()) for i in range(5)),
+        return await asyncio.gather(*(writer.finish(Arrival(_start(f"w{i}")), _end()) for i in range(5)),
                                     return_exceptions=True)
 
     t0 = time.monotonic()
@@ -275,7 +314,7 @@ def test_a_lock_held_past_the_busy_timeout_fails_the_group_once_then_recovers(tm
     assert all(isinstance(o, CaptureError) and "locked" in str(o) for o in outcomes), outcomes
     assert time.monotonic() - t0 < 5 * 0.3  # not one busy timeout per write
     other.execute("ROLLBACK")
-    asyncio.run(writer.finish(None, _start("after"), _end()))
+    asyncio.run(writer.finish(Arrival(_start("after")), _end()))
     writer.close()
     assert set(_rows(db)) == {"after"}
 

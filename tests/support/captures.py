@@ -90,8 +90,7 @@ class Recorder:
                           request_body=b"{}", t_start=time.time())
 
         async def both() -> int:
-            row_id = await self.writer.start(start)
-            return await self.writer.finish(row_id, start, end)
+            return await self.writer.finish(self.writer.start(start), end)
 
         # A thread of its own: a test may run while another loop runs in this one (Playwright's sync API).
         with ThreadPoolExecutor(1) as pool:
