@@ -100,11 +100,12 @@ class CaptureWriter:
         self._queue.put((("start", arrival), None))
         return arrival
 
-    async def finish(self, arrival: Arrival, end: CallEnd) -> int:
-        """Complete a call's row (or insert it whole) and wait for the commit. Returns the row id."""
+    def finish(self, arrival: Arrival, end: CallEnd) -> asyncio.Future[int]:
+        """Queue a call's completion (its row updated, or inserted whole): a future of the row id, set once
+        the row has committed. Queued at once, so the caller may do other work before awaiting it."""
         fut = asyncio.get_running_loop().create_future()
         self._queue.put((("finish", arrival, end), fut))
-        return await fut
+        return fut
 
     async def flush(self) -> None:
         """Wait until everything queued before this has been committed (or has failed)."""

@@ -43,7 +43,7 @@ from polar.providers.base import HttpReply, Parsed, Provider, Route
 from polar.providers.history import Histories
 from polar.sessions.fingerprints import answer_message, message_fingerprint
 from polar.sessions.identity import Identity, SessionRegistry, redact
-from polar.sessions.state import NO_BRANCH, Branch, SessionState, SessionStates, SessionView, new_turn
+from polar.sessions.state import NO_BRANCH, Branch, SessionState, SessionStates, SessionView, Turn, new_turn
 from polar.tokens.shaping import ANY_TEMPLATE, shape
 from polar.upstream.base import Backend, UpstreamStream
 
@@ -196,12 +196,14 @@ class Gateway:
             state.take(result, time.time() - state.t_up_start)
         state.fill(end, self.gate)
         end.t_end = time.time()
+        committed = self.writer.finish(arrival, end)
+        turn = self._turn(state, end)  # built while the row commits (the loop waits on its fsync otherwise)
         try:
-            meta["row"] = await self.writer.finish(arrival, end)
+            meta["row"] = await committed
         except CaptureError as exc:
             log.error("call %s could not be recorded: %s", call.call_id, exc)
             return str(exc)
-        self._remember(session, meta["row"], state, end)
+        self._remember(session, meta["row"], turn, end)
         if state.result is not None:
             meta.update(prompt_tokens=len(state.result.prompt_token_ids),
                         completion_tokens=len(state.result.completion_token_ids))
@@ -253,13 +255,19 @@ class Gateway:
             raise
         return _Opened(upstream, route.provider.stream_renderer(route, context, request, call.call_id), slot)
 
-    def _remember(self, session: str, row_id: int, state: _Call, end: CallEnd) -> None:
+    @staticmethod
+    def _turn(state: _Call, end: CallEnd) -> Turn | None:
+        """The turn the session state learns once the call's row has committed (its row id set then)."""
+        if state.result is None or state.request is None or end.status != "ok":
+            return None
+        return new_turn(0, state.request, state.keys, state.result, state.prompt, state.branch)
+
+    def _remember(self, session: str, row_id: int, turn: Turn | None, end: CallEnd) -> None:
         messages = None
         if end.canonical is not None and end.messages is not None:
             messages = end.messages.log(row_id, end.canonical["messages"])
-        turn = None
-        if state.result is not None and state.request is not None and end.status == "ok":
-            turn = new_turn(row_id, state.request, state.keys, state.result, state.prompt, state.branch)
+        if turn is not None:
+            turn.row = row_id
         self.states.record(session, turn, messages)
 
     def _parse(self, req: GatewayRequest, route: Route, session: str) -> Parsed:

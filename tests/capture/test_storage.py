@@ -20,6 +20,7 @@ from polar.capture.dictionaries import Dictionaries
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, MessageLog, encode_messages
 from polar.capture.writer import Arrival, CaptureError, CaptureWriter
+from tests.support.captures import finish_now
 
 
 def _start(call_id: str, session: str, body: bytes) -> CallStart:
@@ -218,7 +219,7 @@ def test_a_body_whose_write_was_undone_is_no_base(tmp_path):
 
     writer._bodies.wrote = wrote_then_fail
     with pytest.raises(CaptureError, match="after the insert"):
-        asyncio.run(writer.finish(Arrival(_start("bad", "s", big + b"y")), _end()))
+        finish_now(writer, Arrival(_start("bad", "s", big + b"y")), _end())
     second = _write(writer, [_start("ok2", "s", big + b"z")])[0]
     writer.close()
     _assert_based_on(tmp_path / "c.db", second, first, {"ok1": big, "ok2": big + b"z"})
@@ -334,10 +335,10 @@ def test_a_response_whose_write_was_undone_is_no_base(tmp_path):
     writer = CaptureWriter(tmp_path / "c.db")
     big = random.Random(5).randbytes(bodies.ANSWER_APART + 1000)
     call = _start("ok1", "s", b"{}")
-    first = asyncio.run(writer.finish(Arrival(call), _end(response_body=big)))
+    first = finish_now(writer, Arrival(call), _end(response_body=big))
     with pytest.raises(CaptureError):  # a model name SQLite cannot encode: the UPDATE fails after the body's insert
-        asyncio.run(writer.finish(Arrival(_start("bad", "s", b"{}")), _end(response_body=big + b"y", model="\ud800")))
-    second = asyncio.run(writer.finish(Arrival(_start("ok2", "s", b"{}")), _end(response_body=big + b"z")))
+        finish_now(writer, Arrival(_start("bad", "s", b"{}")), _end(response_body=big + b"y", model="\ud800"))
+    second = finish_now(writer, Arrival(_start("ok2", "s", b"{}")), _end(response_body=big + b"z"))
     writer.close()
     conn = sqlite3.connect(tmp_path / "c.db")
     answer_of = "SELECT response_body_id FROM calls WHERE id=?"
@@ -366,7 +367,7 @@ def test_large_canonical_parts_are_stored_once_and_read_back_unchanged(tmp_path)
             end = _end(canonical=canonical, result=json.dumps({"content": f"{session} {turn} " * 400}))
             end.messages = encode_messages(messages, last[session])
             call = _start(f"{session}{turn}", session, b"{}")
-            row = asyncio.run(writer.finish(Arrival(call), end))
+            row = finish_now(writer, Arrival(call), end)
             last[session] = end.messages.log(row, messages)
             sent[call.call_id] = canonical
     writer.close()

@@ -20,7 +20,7 @@ from polar.capture.records import CallEnd, CallStart
 from polar.capture.tokens import common_prefix_len, pack_ids, unpack_ids
 from polar.capture.writer import Arrival, CaptureError, CaptureWriter
 from polar.sqlite_files import WrongDatabase
-from tests.support.captures import Recorder
+from tests.support.captures import Recorder, finish_now
 
 
 def _start(call_id: str, session: str = "s", **extra) -> CallStart:
@@ -214,8 +214,8 @@ def test_one_group_answers_every_waiting_loop_and_skips_a_caller_that_gave_up(tm
 
 def test_completing_a_call_whose_arrival_is_missing_inserts_it_whole(tmp_path):
     writer = CaptureWriter(tmp_path / "c.db")
-    row = asyncio.run(writer.finish(Arrival(_start("lost")), _end(model="m")))
-    row2 = asyncio.run(writer.finish(Arrival(_start("gone"), 987654), _end(model="m")))  # an id that is not there
+    row = finish_now(writer, Arrival(_start("lost")), _end(model="m"))
+    row2 = finish_now(writer, Arrival(_start("gone"), 987654), _end(model="m"))  # an id that is not there
     rows = _rows(tmp_path / "c.db")
     assert rows["lost"]["id"] == row and rows["gone"]["id"] == row2
     assert rows["lost"]["status"] == rows["gone"]["status"] == "ok" and rows["gone"]["path"] == "/t"
@@ -238,15 +238,15 @@ def test_a_row_that_cannot_be_encoded_is_marked_and_its_caller_told(tmp_path):
 
 def test_disk_full_fails_the_waiting_call_and_the_writer_recovers(tmp_path):
     writer = CaptureWriter(tmp_path / "c.db")
-    rec_row = asyncio.run(writer.finish(Arrival(_start("before")), _end()))
+    rec_row = finish_now(writer, Arrival(_start("before")), _end())
     pages = writer._conn.execute("PRAGMA page_count").fetchone()[0]
     writer._conn.execute(f"PRAGMA max_page_count={pages}")  # the database may not grow: "disk full"
     # More than the free pages the WAL presize left, even compressed: random bytes do not compress.
     big = _end(response_body=random.Random(0).randbytes(8_000_000))
     with pytest.raises(CaptureError, match="full"):
-        asyncio.run(writer.finish(Arrival(_start("big")), big))
+        finish_now(writer, Arrival(_start("big")), big)
     writer._conn.execute("PRAGMA max_page_count=1073741823")
-    asyncio.run(writer.finish(Arrival(_start("after")), big))
+    finish_now(writer, Arrival(_start("after")), big)
     rows = _rows(tmp_path / "c.db")
     assert set(rows) == {"before", "after"} and rows["before"]["id"] == rec_row
     writer.close()
@@ -266,9 +266,9 @@ def test_only_dead_writers_pending_rows_are_marked_interrupted(tmp_path):
     rows = _rows(db)
     assert second.interrupted == 1 and rows["dead"]["status"] == "interrupted"
     assert rows["live"]["status"] == "pending"  # the live gateway's call is not touched
-    asyncio.run(live.finish(live_call, _end()))
+    finish_now(live, live_call, _end())
     assert _rows(db)["live"]["status"] == "ok"
-    ids = [asyncio.run(w.finish(Arrival(_start(f"n{i}")), _end())) for i, w in enumerate((live, second, live, second))]
+    ids = [finish_now(w, Arrival(_start(f"n{i}")), _end()) for i, w in enumerate((live, second, live, second))]
     assert len(set(ids)) == 4  # ids come from SQLite: two writers never collide
     live.close(), second.close()
     assert CaptureWriter(db).interrupted == 0
@@ -288,13 +288,13 @@ def test_a_database_deleted_or_replaced_under_the_writer_fails_closed(tmp_path):
     """SQLite in WAL mode would go on writing to the unlinked file without an error: rows lost silently."""
     db = tmp_path / "c.db"
     writer = CaptureWriter(db)
-    asyncio.run(writer.finish(Arrival(_start("before")), _end()))
+    finish_now(writer, Arrival(_start("before")), _end())
     moved = tmp_path / "moved.db"
     db.rename(moved)
     with pytest.raises(CaptureError, match="deleted, moved or replaced"):
-        asyncio.run(writer.finish(Arrival(_start("lost")), _end()))
+        finish_now(writer, Arrival(_start("lost")), _end())
     moved.rename(db)  # put back: the same file, so writes go on
-    asyncio.run(writer.finish(Arrival(_start("after")), _end()))
+    finish_now(writer, Arrival(_start("after")), _end())
     writer.close()
     assert set(_rows(db)) == {"before", "after"}
 
@@ -314,7 +314,7 @@ def test_a_lock_held_past_the_busy_timeout_fails_the_group_once_then_recovers(tm
     assert all(isinstance(o, CaptureError) and "locked" in str(o) for o in outcomes), outcomes
     assert time.monotonic() - t0 < 5 * 0.3  # not one busy timeout per write
     other.execute("ROLLBACK")
-    asyncio.run(writer.finish(Arrival(_start("after")), _end()))
+    finish_now(writer, Arrival(_start("after")), _end())
     writer.close()
     assert set(_rows(db)) == {"after"}
 

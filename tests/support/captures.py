@@ -15,8 +15,16 @@ import numpy as np
 from polar.capture.bodies import unpack
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages
-from polar.capture.writer import CaptureWriter
+from polar.capture.writer import Arrival, CaptureWriter
 from polar.sessions.state import SessionState, Turn
+
+
+def finish_now(writer: CaptureWriter, arrival: Arrival, end: CallEnd) -> int:
+    """A call's completion written from outside any event loop (the writer's futures need one): its row id."""
+    async def run() -> int:
+        return await writer.finish(arrival, end)
+
+    return asyncio.run(run())
 
 
 class Recorder:
