@@ -48,10 +48,15 @@ def read_chat_answer(raw: bytes | str, known: np.ndarray | None) -> Any:
     return data
 
 
+# Below this much id text (~1.3k ids) parsing it all is faster than writing and comparing the known ids
+# (at 100 ids: 4 µs against 28; the two meet near 1.5k ids; at 16k ids the comparison wins 250 µs to 730).
+COMPARE_FROM_BYTES = 8 * 1024
+
+
 def ids_past_known(text: bytes, known: np.ndarray | None) -> np.ndarray:
     """A JSON array of token ids, parsed only past the ids it shares with `known` (compared as text)."""
     shared = 0
-    if known is not None and len(known):
+    if known is not None and len(known) and len(text) >= COMPARE_FROM_BYTES:
         known_text = orjson.dumps(np.ascontiguousarray(known), option=orjson.OPT_SERIALIZE_NUMPY)
         comma = text.find(b",")
         if comma > 0 and text[comma + 1:comma + 2] == b" ":  # an upstream writing `1, 2` (vLLM writes `1,2`)

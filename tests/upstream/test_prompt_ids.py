@@ -11,9 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar.errors import GatewayError
+from polar.upstream import prompt_ids
 from polar.upstream.prompt_ids import ids_past_known, read_chat_answer
 
 token = st.integers(min_value=0, max_value=2**32 - 1)
+
+
+@pytest.fixture(autouse=True)
+def compare_short_texts_too(monkeypatch):
+    """The comparison path at every size: below COMPARE_FROM_BYTES polar parses the ids whole (faster there),
+    which would leave this module's small generated cases testing only the plain parse."""
+    monkeypatch.setattr(prompt_ids, "COMPARE_FROM_BYTES", 0)
 small_token = st.integers(min_value=0, max_value=200)  # short numbers: digit boundaries shift often
 
 
@@ -133,3 +141,16 @@ def test_only_the_ids_past_the_shared_ones_are_parsed(monkeypatch, separators):
     raw = json.dumps({"choices": [], "prompt_token_ids": known[:-1].tolist() + [1, 2, 3]}, separators=separators).encode()
     assert read_chat_answer(raw, known)["prompt_token_ids"].tolist() == known[:-1].tolist() + [1, 2, 3]
     assert parsed == [3]  # the three ids past the shared ones
+
+
+@pytest.mark.parametrize("n", [10, 500, 5000])
+def test_short_id_texts_are_parsed_whole_and_long_ones_past_the_known_ids(monkeypatch, n):
+    monkeypatch.setattr(prompt_ids, "COMPARE_FROM_BYTES", 8 * 1024)  # as shipped
+    parsed = []
+    monkeypatch.setattr(prompt_ids, "token_array", lambda ids, what: parsed.append(len(ids)) or np.asarray(ids, np.uint32))
+    known = np.arange(5000, 5000 + n, dtype=np.uint32)
+    raw = answer(known.tolist() + [1, 2])
+    assert read_chat_answer(raw, known)["prompt_token_ids"].tolist() == known.tolist() + [1, 2]
+    whole = len(orjson.dumps(known.tolist() + [1, 2])) < prompt_ids.COMPARE_FROM_BYTES
+    # past the known ids: the last known one (not yet followed by a comma there) and the two new ones
+    assert parsed == ([n + 2] if whole else [3]) and whole == (n < 5000)
