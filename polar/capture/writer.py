@@ -143,7 +143,7 @@ class CaptureWriter:
         by_loop: dict[Any, list[tuple[asyncio.Future, Any]]] = defaultdict(list)
         for fut, outcome in replies:
             if isinstance(fut, Future):
-                fut.set_exception(outcome) if isinstance(outcome, BaseException) else fut.set_result(outcome)
+                _resolve(fut, outcome)
             else:
                 by_loop[fut.get_loop()].append((fut, outcome))
         for loop, items in by_loop.items():
@@ -164,7 +164,9 @@ class CaptureWriter:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            work = [(op, fut) for op, fut in batch if op is not _STOP and op[0] != "flush"]
+            work, control = [], []  # control: a flush or the stop, answered once the writes before are done
+            for item in batch:
+                (control if item[0] is _STOP or item[0][0] == "flush" else work).append(item)
             replies: list[tuple[Any, Any]] = []
             try:
                 if work:
@@ -176,9 +178,9 @@ class CaptureWriter:
                 self._abort(work, str(exc))
                 replies = [(fut, CaptureError(f"{type(exc).__name__}: {exc}")) for _, fut in work]
             replies = [(fut, out) for fut, out in replies if fut is not None]
-            replies += [(fut, None) for op, fut in batch if op is _STOP or op[0] == "flush"]
+            replies += [(fut, None) for _, fut in control]
             self._answer(replies)
-            if any(op is _STOP for op, _ in batch):
+            if any(op is _STOP for op, _ in control):
                 return
 
     def _commit_group(self, work: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
@@ -201,8 +203,7 @@ class CaptureWriter:
         replies = []
         for (op, fut), outcome in zip(work, outcomes):
             if isinstance(outcome, BaseException):
-                if op[0] == "start":
-                    op[1].row_id = None  # not written: its completion inserts the row whole
+                if op[0] == "start":  # not written (its row id already cleared): its completion inserts it whole
                     log.error("could not record the arrival of call %s: %s", op[1].call.call_id, outcome)
                 else:
                     log.error("capture write failed (%s): %s", op[0], outcome)
@@ -355,7 +356,15 @@ def _settle_futures(items: list[tuple[asyncio.Future, Any]]) -> None:
     """On the waiting loop: resolve its futures (one a caller gave up on is left alone)."""
     for fut, outcome in items:
         if not fut.done():
-            fut.set_exception(outcome) if isinstance(outcome, BaseException) else fut.set_result(outcome)
+            _resolve(fut, outcome)
+
+
+def _resolve(fut: Future | asyncio.Future, outcome: Any) -> None:
+    """An exception outcome is raised to the waiter, anything else is its result."""
+    if isinstance(outcome, BaseException):
+        fut.set_exception(outcome)
+    else:
+        fut.set_result(outcome)
 
 
 def _identity(path: str) -> tuple:
