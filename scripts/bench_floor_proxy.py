@@ -4,10 +4,10 @@ in place of polar's — the floor under polar's small-call path, measured beside
 
   --mode answer  every call is answered from memory (the upstream's answer to the first such call): what
                  mitmproxy itself costs a call that an addon answers — no upstream, no translation, no capture;
-  --mode relay   every call's body is sent on to the upstream with one pooled aiohttp session (as polar's
-                 upstream client does) and its answer returned: what any mitmproxy-addon gateway pays before
-                 doing its own work (detect, translate, session, capture). A streamed answer is passed on
-                 whole once the upstream has ended it (polar streams it as it comes).
+  --mode relay   every call's body is sent on to the upstream over polar's own pooled upstream connections
+                 (polar/upstream/h1.py) and its answer returned: what polar's path pays before polar's own
+                 work (detect, translate, session, capture). A streamed answer is passed on whole once the
+                 upstream has ended it (polar streams it as it comes).
 
     python scripts/bench_floor_proxy.py --port 8090 --upstream http://127.0.0.1:8000 --mode relay
 """
@@ -19,12 +19,12 @@ import asyncio
 import sys
 from pathlib import Path
 
-import aiohttp
 from mitmproxy import http, options
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from polar.mitm.master import LeanMaster  # noqa: E402
 from polar.mitm.proxy import ProxyConfig  # noqa: E402
+from polar.upstream.h1 import Pool  # noqa: E402
 
 
 class Floor:
@@ -32,7 +32,7 @@ class Floor:
 
     def __init__(self, upstream: str, mode: str):
         self.upstream, self.mode = upstream.rstrip("/"), mode
-        self.session: aiohttp.ClientSession | None = None
+        self.pool: Pool | None = None
         self.remembered: dict[tuple[str, str, bytes], tuple[int, bytes, str]] = {}  # by method, path, body
 
     async def request(self, flow: http.HTTPFlow) -> None:
@@ -40,19 +40,17 @@ class Floor:
         if self.mode == "answer" and key in self.remembered:
             status, body, ctype = self.remembered[key]
         else:
-            if self.session is None:  # made on the proxy's event loop
-                self.session = aiohttp.ClientSession()
-            async with self.session.request(flow.request.method, self.upstream + flow.request.path,
-                                            data=flow.request.content,
-                                            headers={"content-type": "application/json"}) as resp:
-                status, body, ctype = resp.status, await resp.read(), resp.headers.get("content-type", "")
+            if self.pool is None:  # made on the proxy's event loop
+                self.pool = Pool(self.upstream)
+            status, body = await self.pool.fetch(flow.request.method, flow.request.path, flow.request.content, 600)
+            ctype = "text/event-stream" if body.startswith(b"data:") else "application/json"
             if self.mode == "answer" and status == 200:
                 self.remembered[key] = (status, body, ctype)
         flow.response = http.Response.make(status, body, {"content-type": ctype})
 
     async def done(self) -> None:
-        if self.session is not None:
-            await self.session.close()
+        if self.pool is not None:
+            await self.pool.close()
 
 
 async def serve(port: int, upstream: str, mode: str) -> None:

@@ -1,7 +1,8 @@
 """The HTTP client polar uses toward vLLM, and how its failures become GatewayErrors.
 
-aiohttp rather than httpx: on the per-call hot path its C HTTP parser costs a fraction of
-httpx's CPU (measured with py-spy: httpx was a third of the proxy's GIL time per call).
+The transport is polar/upstream/h1.py (pooled HTTP/1.1 keep-alive, httptools' parser): on the per-call
+path a general client cost more than polar's own work (aiohttp's ~285 µs of CPU a small call, httpx's
+more; h1's ~65).
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
 from polar.errors import GatewayError
 from polar.json_values import compact
+from polar.upstream.h1 import Answer, Pool, UpstreamConnectError
 
 _CONTEXT_MARKERS = ("maximum context length", "context length", "too long", "max_model_len", "maximum model length")
 
@@ -30,66 +32,67 @@ def response_json(raw: bytes | str) -> Any:
         return json.loads(raw)
 
 
-def _json(body: Any) -> dict[str, Any]:
-    """aiohttp's request arguments for a JSON body (none for no body). A token-in prompt is the whole context
-    as ids, re-sent every turn: compact writes them (numpy arrays included) as bytes, which go out as they
-    are (aiohttp's `json=` would encode a str again)."""
-    return {} if body is None else {"data": compact(body), "headers": {"content-type": "application/json"}}
+def _body(body: Any) -> bytes | None:
+    """A request's JSON body as bytes. A token-in prompt is the whole context as ids, re-sent every turn:
+    compact writes them (numpy arrays included) in one pass."""
+    return None if body is None else compact(body)
+
+
+@dataclass
+class OpenStream:
+    """A streaming answer the upstream has begun (status < 400): its body is read with `sse_batches`."""
+
+    url: str
+    answer: Answer
+    read_timeout: float  # the longest silence between two pieces of the stream
+
+    def close(self) -> None:
+        self.answer.close()  # unread: its connection closes, and vLLM stops sampling it
 
 
 class UpstreamHTTP:
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0, max_connections: int = 1024):
         self.base_url = base_url.rstrip("/")
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = aiohttp.ClientTimeout(total=timeout, connect=10.0)
-        # A stream may run for as long as the model reasons: only silence between its chunks is bounded.
-        self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=timeout)
+        self.timeout = timeout
         self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        Pool(self.base_url, headers=self._headers)  # a base URL or key polar cannot send fails now, not per call
+        self._pool: Pool | None = None
+        self._pool_loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
-    def _client(self) -> aiohttp.ClientSession:
-        # Created lazily: an aiohttp session belongs to the event loop it is first used on.
+    def _client(self) -> Pool:
+        # Made lazily, one per event loop: its connections belong to the loop that opened them.
         if self._closed:  # closed for good: nothing is sent upstream again
             raise _stopped()
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                headers=self._headers,
-                timeout=self._timeout,
-                # Below uvicorn's (and so vLLM's) 5 s keep-alive: never reuse a socket the server
-                # is about to close.
-                connector=aiohttp.TCPConnector(limit=self._max_connections, ttl_dns_cache=300, keepalive_timeout=3),
-            )
-        return self._session
+        loop = asyncio.get_running_loop()
+        if self._pool is None or self._pool_loop is not loop:
+            self._pool = Pool(self.base_url, limit=self._max_connections, connect_timeout=10.0, headers=self._headers)
+            self._pool_loop = loop
+        return self._pool
 
     async def aclose(self) -> None:
         """Close for good (polar is stopping, or this backend was replaced): calls still waiting fail as
         `stopping`, and nothing is sent upstream again."""
         self._closed = True
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None and self._pool_loop is asyncio.get_running_loop():
+            await self._pool.close()
 
     async def status(self, method: str, path: str, body: Any = None) -> int | None:
         """Just the status code of a call (None when unreachable) — for probing endpoints."""
         try:
-            async with self._client().request(method, self.base_url + path, **_json(body)) as resp:
-                await resp.read()
-                return resp.status
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+            status, _ = await self._client().fetch(method, path, _body(body), self.timeout)
+            return status
+        except (TimeoutError, OSError):
             return None
 
     async def call(self, method: str, path: str, body: Any = None, read: Callable[[bytes], Any] = response_json) -> Any:
         """`read`: how a successful answer's body is parsed (an error's is always read as plain JSON)."""
         url = self.base_url + path
         try:
-            try:
-                status, raw = await self._send(method, url, body)
-            except aiohttp.ServerDisconnectedError:
-                # A pooled keep-alive socket closed by the server as we wrote: nothing was answered,
-                # so one retry on a fresh connection cannot duplicate a result the client saw. (Not when
-                # polar closed the client itself: `_client` then refuses the retry.)
-                status, raw = await self._send(method, url, body)
-        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            # A pooled connection the server closed as we wrote is retried once by the pool (nothing was answered).
+            status, raw = await self._client().fetch(method, path, _body(body), self.timeout)
+        except (TimeoutError, OSError) as exc:
             raise self._failure(url, exc) from None
         try:
             data = read(raw) if status < 400 else response_json(raw)
@@ -102,41 +105,37 @@ class UpstreamHTTP:
             raise status_error(status, data, url)
         return data
 
-
-    async def open_stream(self, path: str, body: Any) -> aiohttp.ClientResponse:
-        """POST a streaming request and return the response once its status is in: an error status
-        becomes the same GatewayError `call` raises, so the client gets a plain error answer."""
+    async def open_stream(self, path: str, body: Any) -> OpenStream:
+        """POST a streaming request and return the stream once its status is in (vLLM sends it with the first
+        token: the wait is bounded as any silence is). An error status becomes the same GatewayError `call`
+        raises, so the client gets a plain error answer."""
         url = self.base_url + path
         try:
-            try:
-                resp = await self._client().post(url, timeout=self._stream_timeout, **_json(body))
-            except aiohttp.ServerDisconnectedError:  # a pooled socket closed as we wrote: nothing was sampled
-                resp = await self._client().post(url, timeout=self._stream_timeout, **_json(body))
-            if resp.status < 400:
-                return resp
-            raw = await resp.read()
-            resp.release()
-        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            async with asyncio.timeout(self.timeout):
+                answer = await self._client().open("POST", path, _body(body))
+                if answer.status < 400:
+                    return OpenStream(url, answer, self.timeout)
+                try:
+                    raw = await answer.body()
+                finally:
+                    answer.close()
+        except (TimeoutError, OSError) as exc:
             raise self._failure(url, exc) from None
         try:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             data = raw[:200].decode(errors="replace")
-        raise status_error(resp.status, data, url)
+        raise status_error(answer.status, data, url)
 
     def _failure(self, url: str, exc: BaseException) -> GatewayError:
         """What a failed upstream request tells the client (and its row)."""
         if self._closed:
             return _stopped()
-        if isinstance(exc, asyncio.TimeoutError):
+        if isinstance(exc, TimeoutError):
             return GatewayError("upstream_timeout", f"the upstream {url} did not answer in time")
-        if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc, UpstreamConnectError):
             return GatewayError("upstream_unavailable", f"cannot connect to the upstream {url}: {exc}")
         return GatewayError("upstream_error", f"the upstream {url} broke off: {type(exc).__name__}: {exc}")  # reset, protocol
-
-    async def _send(self, method: str, url: str, body: Any) -> tuple[int, bytes]:
-        async with self._client().request(method, url, **_json(body)) as resp:
-            return resp.status, await resp.read()
 
 
 def _stopped() -> GatewayError:
@@ -197,27 +196,25 @@ class StreamRequest:
             self._task.result().close()
 
 
-async def sse_batches(resp: aiohttp.ClientResponse) -> AsyncIterator[list[str]]:
+async def sse_batches(resp: OpenStream) -> AsyncIterator[list[str]]:
     """The `data:` payloads of an upstream SSE body, one per line, in lists of what each read brought.
 
     vLLM writes one `data: …` line per event, one event per sampled token; when the loop is busy (many
     streams) one read brings many, and the reader takes them in one go (one decode, one parse, one
-    rendered event) rather than one by one. The first chunk can hold a long prompt's token ids, past
-    aiohttp's line-length limit, hence lines joined here. Failures mid-stream become GatewayErrors, after
-    the lines that arrived before the failure (a busy loop may not have read them yet).
+    rendered event) rather than one by one. Failures mid-stream become GatewayErrors, after the whole
+    lines that arrived before the failure (a busy loop may not have read them yet); a cut-off event is
+    no event.
     """
-    url = str(resp.url)
     lines = _Lines()
     try:
-        async for block in resp.content.iter_any():
+        while block := await resp.answer.read(resp.read_timeout):
             if batch := lines.feed(block):
                 yield batch
-    except asyncio.TimeoutError:
-        raise GatewayError("upstream_timeout", f"the upstream {url} went silent mid-stream") from None
-    except aiohttp.ClientError as exc:
-        if batch := lines.feed(_unread(resp.content)):  # whole lines only: a cut-off event is no event
-            yield batch
-        raise GatewayError("upstream_error", f"the upstream {url} broke off mid-stream: {type(exc).__name__}: {exc}") from None
+    except TimeoutError:
+        raise GatewayError("upstream_timeout", f"the upstream {resp.url} went silent mid-stream") from None
+    except OSError as exc:
+        raise GatewayError("upstream_error",
+                           f"the upstream {resp.url} broke off mid-stream: {type(exc).__name__}: {exc}") from None
     if batch := lines.feed(b"\n"):
         yield batch
 
@@ -256,13 +253,3 @@ class _Lines:
         if start < len(block):
             self._pending.append(block[start:])
         return out
-
-
-def _unread(content: aiohttp.StreamReader) -> bytes:
-    """What aiohttp had received but not handed out when the connection broke: once it has an exception
-    its reads raise and drop that data, which here are tokens vLLM sampled and sent. aiohttp's private
-    buffer, read on this error path only; b"" should its shape change."""
-    buffer, offset = getattr(content, "_buffer", None), getattr(content, "_buffer_offset", 0)
-    if not buffer or not isinstance(offset, int):
-        return b""
-    return b"".join(buffer)[offset:]
