@@ -1,16 +1,22 @@
 """The capture writer: one SQLite row per model call, committed before the client sees the answer.
 
-One thread owns the write connection and commits in groups: under load many calls share one
-fsync, at rest each call gets its own. An arrival is queued and not waited for (`start` returns an
-`Arrival` the writer thread fills in); a completion is awaited: its future resolves once the
-transaction holding it has committed — or raises `CaptureError`, so a call whose capture failed never
-answers as if it had been recorded. The writer wakes each waiting event loop once per group, not
-once per write: a thread hand-off costs a small call more than its SQL does.
+A call's writes run on the caller's thread, at once: its arrival (a pending row, so a crash leaves the
+call visible) and its completion, each in a short transaction of its own. Durability is the writer
+thread's job: in FULL mode a completion's future resolves once an fdatasync of the WAL has covered its
+commit — one fdatasync for every commit made before it began, so under load many calls share one, at
+rest each call gets its own. The connection runs at `synchronous=NORMAL` (SQLite syncs around its
+checkpoints, and the WAL header on reuse); the explicit fdatasync after a commit is the WAL sync FULL
+would do inside it, moved off the event loop. Writing where the call is costs a small call less than
+handing its statements to another thread (each hand-off a wake-up and a contended GIL).
 
-No call's row depends on another call's statement: each write runs in its own SAVEPOINT, so a
-statement that fails rolls back that write alone; if the group's COMMIT fails (disk full, I/O
-error), every write is retried in a transaction of its own; if the transaction cannot even begin
-(another process holds the lock past `busy_timeout`), the group fails at once, not once per write.
+The writer thread takes the writes over while another process holds the database's write lock (the
+caller's thread never waits for it: it asks without a busy timeout, and the writer thread waits up to
+`busy_timeout`), and keeps them until what was handed to it is written, so a call's writes stay in
+order. There they commit in groups: each write runs in its own SAVEPOINT, so a statement that fails
+rolls back that write alone; if the group's COMMIT fails (disk full, I/O error), every write is retried
+in a transaction of its own; if the transaction cannot even begin (the lock held past `busy_timeout`),
+the group fails at once, not once per write. A completion that cannot be committed raises
+`CaptureError` to its caller, so a call whose capture failed never answers as if it had been recorded.
 Completing a call whose arrival row is missing inserts the row whole.
 
 SQLite in WAL mode keeps writing, without an error, to a database file deleted or replaced under it:
@@ -47,17 +53,22 @@ from polar.capture.shards import first_row_id
 log = logging.getLogger("polar.capture")
 
 _STOP = object()
+_SQLITE_BUSY = 5  # sqlite3.Error.sqlite_errorcode, primary code (extended codes keep it in the low byte)
 
 
 class CaptureError(RuntimeError):
     """A capture write did not commit; the message says why (disk full, I/O error, …)."""
 
 
+class _Locked(Exception):
+    """The database's write lock is held elsewhere and this thread does not wait for it."""
+
+
 @dataclass
 class Arrival:
-    """A call as `start` queued it. `row_id` is its pending row once the writer thread has written it, and
-    None while it is not (not yet, or not at all: the completion then inserts the row whole). Only the
-    writer thread reads or sets it, and it takes the arrival before the completion that follows it."""
+    """A call as `start` recorded it. `row_id` is its pending row once written, and None while it is not
+    (handed to the writer thread and not yet written, or not written at all: the completion then inserts
+    the row whole). Whoever holds the connection reads or sets it, the arrival always before its completion."""
 
     call: CallStart
     row_id: int | None = None
@@ -66,49 +77,63 @@ class Arrival:
 class CaptureWriter:
     def __init__(self, path: str | Path, synchronous: str = "FULL", max_batch: int = 256, busy_timeout: float = 30.0):
         self.path = str(path)
-        self.synchronous = synchronous.upper()
+        self.synchronous = synchronous.upper()  # FULL: completions wait for an fdatasync; NORMAL: for their commit
         self._max_batch = max_batch
         self._last_error = ""  # why the last transaction could not commit
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self.busy_timeout = self._busy_applied = busy_timeout
-        self._conn = schema.connect(self.path, self.synchronous, busy_timeout)
-        self._sync_applied = self.synchronous
+        self.busy_timeout = busy_timeout
+        self._conn = schema.connect(self.path, "NORMAL", busy_timeout)
         schema.ensure(self._conn)
-        schema.presize_wal(self._conn, self.path, self.synchronous)
+        schema.presize_wal(self._conn, self.path, "NORMAL")
         self._files = _identity(self.path)
+        self._wal = os.open(self.path + "-wal", os.O_RDONLY)  # what an fdatasync makes durable
         self.key_salt = schema.secret(self._conn, "key_salt")
         self.seal_key = schema.secret(self._conn, "seal_key")
         self.token, self._lease = _take_lease(self.path)
         self.interrupted = self._reap_dead_writers()
+        self._conn.execute("PRAGMA busy_timeout=0")  # writes on the caller's thread never wait for a lock
+        self._patient = False  # whether the connection waits `busy_timeout` for a lock (the writer thread's writes)
         self._bodies = BodyBases()  # request bodies this writer committed, to encode the next ones against
         self._answers = BodyBases(kind="large answers")  # and large response bodies, against the session's earlier answers
         self._bases = (self._bodies, self._answers)  # both follow the transaction: undo, abort, commit alike
         self._packer = Packer(self._conn)  # small values compressed with dictionaries trained on them
         self._id_floor = first_row_id(self.path) or None  # a shard's ids start in its own range (shards.py)
+        self._owner = threading.Lock()  # held by whichever thread is using the connection
+        self._handed = 0  # writes queued for the writer thread and not yet written: later ones queue behind them
+        self._handed_lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = threading.Thread(
             target=self._loop, name="polar-capture-writer", daemon=True
         )
         self._thread.start()
 
-    # -- the API (event loop side) ---------------------------------------------------------
+    # -- the API (the caller's side) -------------------------------------------------------
 
     def start(self, call: CallStart) -> Arrival:
-        """Queue an arriving call's pending row, committed by the writer thread while the call goes on
-        (nothing waits for it; a failure is logged, and `finish` then inserts the row whole)."""
+        """Write an arriving call's pending row (a failure is logged, and `finish` then inserts the row whole)."""
         arrival = Arrival(call)
-        self._queue.put((("start", arrival), None))
+        item = (("start", arrival), None)
+        if self._now(item) is None:
+            self._hand(item)
         return arrival
 
     def finish(self, arrival: Arrival, end: CallEnd) -> asyncio.Future[int]:
-        """Queue a call's completion (its row updated, or inserted whole): a future of the row id, set once
-        the row has committed. Queued at once, so the caller may do other work before awaiting it."""
+        """Write a call's completion (its row updated, or inserted whole): a future of the row id, set once the
+        row is durable (FULL: an fdatasync has covered its commit; NORMAL: committed), or failing with
+        CaptureError. The caller may do other work before awaiting it."""
         fut = asyncio.get_running_loop().create_future()
-        self._queue.put((("finish", arrival, end), fut))
+        item = (("finish", arrival, end), fut)
+        outcome = self._now(item)
+        if outcome is None:
+            self._hand(item)
+        elif self.synchronous == "FULL" and not isinstance(outcome, BaseException):
+            self._queue.put((("sync", outcome), fut))
+        else:
+            _resolve(fut, outcome)
         return fut
 
     async def flush(self) -> None:
-        """Wait until everything queued before this has been committed (or has failed)."""
+        """Wait until everything written or queued before this is durable (or has failed)."""
         fut = asyncio.get_running_loop().create_future()
         self._queue.put((("flush",), fut))
         await fut
@@ -116,11 +141,11 @@ class CaptureWriter:
     def size_bases(self, max_bytes: int) -> None:
         """The bases' memory (each of request bodies and of large answers), applied from the next commit."""
         for bases in self._bases:
-            bases.max_bytes = max_bytes  # one int, read by the writer thread at its next commit
+            bases.max_bytes = max_bytes  # one int, read at the next commit
 
     def tune(self, synchronous: str, busy_timeout: float) -> None:
-        """New commit mode and lock wait for this database, applied from its next transaction (an option
-        change on the same file: never a second writer)."""
+        """New commit mode and lock wait for this database, applied from its next write (an option change on the
+        same file: never a second writer)."""
         self.synchronous, self.busy_timeout = synchronous.upper(), busy_timeout
 
     def close(self) -> None:
@@ -129,7 +154,29 @@ class CaptureWriter:
             self._submit(_STOP).result(timeout=60)
             thread.join(timeout=60)
             self._conn.close()
+            os.close(self._wal)
             _drop_lease(self.path, self.token, self._lease)
+
+    def _now(self, item: tuple[Any, Any]) -> Any:
+        """Write `item` on this thread when nothing is handed to the writer thread and no one else holds the
+        connection: its outcome (a row id, or the exception). None: it must go to the writer thread."""
+        if self._handed or not self._owner.acquire(blocking=False):
+            return None
+        try:
+            if self._handed:  # handed over meanwhile: it goes behind what was
+                return None
+            self._patience(False)
+            ((_, outcome),) = self._guarded([item])
+            return outcome
+        except _Locked:
+            return None
+        finally:
+            self._owner.release()
+
+    def _hand(self, item: tuple[Any, Any]) -> None:
+        with self._handed_lock:
+            self._handed += 1
+        self._queue.put(item)
 
     def _submit(self, op: Any) -> Future:
         fut: Future = Future()
@@ -164,41 +211,72 @@ class CaptureWriter:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            work, control = [], []  # control: a flush or the stop, answered once the writes before are done
+            # writes handed over; completions written elsewhere, waiting for durability; a flush or the stop,
+            # answered once everything before them is done
+            work, syncs, control = [], [], []
             for item in batch:
-                (control if item[0] is _STOP or item[0][0] == "flush" else work).append(item)
-            replies: list[tuple[Any, Any]] = []
-            try:
-                if work:
-                    replies = self._commit_group(work)
-            except Exception as exc:  # never leave a caller waiting, never let the writer die
-                log.exception("capture writer failed on a group of %d writes", len(work))
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                self._abort(work, str(exc))
-                replies = [(fut, CaptureError(f"{type(exc).__name__}: {exc}")) for _, fut in work]
-            replies = [(fut, out) for fut, out in replies if fut is not None]
-            replies += [(fut, None) for _, fut in control]
+                kind = "stop" if item[0] is _STOP else item[0][0]
+                (syncs if kind == "sync" else control if kind in ("flush", "stop") else work).append(item)
+            replies = self._write_handed(work) if work else []  # (the waiter, the outcome) of each
+            failed = [(fut, out) for fut, out in replies if fut is not None and isinstance(out, BaseException)]
+            durable = [(fut, out) for fut, out in replies if fut is not None and not isinstance(out, BaseException)]
+            durable += [(fut, op[1]) for op, fut in syncs]
+            if durable and self.synchronous == "FULL":
+                try:
+                    os.fdatasync(self._wal)
+                except OSError as exc:
+                    log.error("capture writes could not be made durable: fdatasync of the WAL failed: %s", exc)
+                    lost = CaptureError(f"the capture could not be made durable (fdatasync: {exc})")
+                    durable = [(fut, lost) for fut, _ in durable]
+            replies = failed + durable + [(fut, None) for _, fut in control]
             self._answer(replies)
             if any(op is _STOP for op, _ in control):
                 return
 
+    def _write_handed(self, work: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+        """Write what was handed over, in one group, waiting for another process's lock up to `busy_timeout`."""
+        with self._owner:
+            try:
+                self._patience(True)
+                return self._guarded(work)
+            finally:
+                with self._handed_lock:
+                    self._handed -= len(work)
+
+    def _guarded(self, work: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+        """`_commit_group`, where a failure of polar's own fails these writes, not the caller or the writer."""
+        try:
+            return self._commit_group(work)
+        except _Locked:
+            raise
+        except Exception as exc:
+            log.exception("capture writer failed on a group of %d writes", len(work))
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            self._abort(work, str(exc))
+            return [(fut, CaptureError(f"{type(exc).__name__}: {exc}")) for _, fut in work]
+
+    def _patience(self, patient: bool) -> None:
+        """The writer thread waits `busy_timeout` for another process's lock; the caller's thread never does."""
+        if patient or self._patient:  # busy_timeout may have been tuned since: set it each time it waits
+            conn_ms = int(self.busy_timeout * 1000) if patient else 0
+            self._conn.execute(f"PRAGMA busy_timeout={conn_ms}")
+            self._patient = patient
+
     def _commit_group(self, work: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
-        """Commit a group of writes: each write's waiter (None for an arrival) and its outcome."""
-        # Only completions are awaited by a client's answer, so only they pay for an fsync; a group of
-        # arrivals alone commits without one (still safe against the proxy being killed).
-        durable = any(op[0] == "finish" for op, _ in work)
+        """Commit a group of writes: each write's waiter (None for an arrival) and its outcome. Raises _Locked
+        when the lock is held elsewhere and this thread does not wait for it."""
         if _identity(self.path) != self._files:
             outcomes: Any = CaptureError(f"the capture database {self.path} was deleted, moved or replaced while "
                                          "polar had it open; writes would be lost (restart polar)")
         else:
-            outcomes = self._transaction(work, durable)
+            outcomes = self._transaction(work)
         if isinstance(outcomes, CaptureError):  # no transaction at all (locked, file gone): all fail alike
             outcomes = [outcomes] * len(work)
         elif outcomes is None:  # the COMMIT itself failed: give every write its own chance
             outcomes = []
             for item in work:
-                one = self._transaction([item], durable=item[0][0] == "finish")
+                one = self._transaction([item])
                 outcomes.append(one if isinstance(one, CaptureError) else one[0] if one else CaptureError(self._last_error))
         replies = []
         for (op, fut), outcome in zip(work, outcomes):
@@ -211,20 +289,15 @@ class CaptureWriter:
             replies.append((fut, outcome))
         return replies
 
-    def _transaction(self, work: list[tuple[Any, Any]], durable: bool) -> list[Any] | CaptureError | None:
+    def _transaction(self, work: list[tuple[Any, Any]]) -> list[Any] | CaptureError | None:
         """Run `work` in one transaction, each write in its own savepoint. None if the COMMIT failed,
-        a CaptureError if the transaction could not begin."""
+        a CaptureError if the transaction could not begin (_Locked when this thread does not wait)."""
         conn = self._conn
         try:
-            if self.busy_timeout != self._busy_applied:
-                conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
-                self._busy_applied = self.busy_timeout
-            sync = self.synchronous if durable else "NORMAL"
-            if sync != self._sync_applied:  # a PRAGMA is a statement like any other: only when it changes
-                conn.execute(f"PRAGMA synchronous={sync}")
-                self._sync_applied = sync
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
+            if not self._patient and getattr(exc, "sqlite_errorcode", 0) & 0xFF == _SQLITE_BUSY:
+                raise _Locked() from None
             return CaptureError(f"could not open a write transaction: {exc}")
         outcomes: list[Any] = []
         for op, _ in work:

@@ -157,8 +157,8 @@ class Gateway:
             request_body=req.body,
             t_start=time.time(),
         )
-        # Queued now, committed by the writer thread while the call is parsed and sent upstream: nothing
-        # waits for it; the completion, queued after it, updates its row (or inserts the row whole).
+        # Committed now (a crash from here on leaves the call visible, pending); the completion updates its
+        # row (or inserts the row whole).
         arrival = self.writer.start(call)
         meta: dict[str, Any] = {"session": ident.session, "provider": provider.name, "call_id": call.call_id}
         call_state = _Call()
@@ -197,7 +197,7 @@ class Gateway:
         state.fill(end, self.gate)
         end.t_end = time.time()
         committed = self.writer.finish(arrival, end)
-        turn = self._turn(state, end)  # built while the row commits (the loop waits on its fsync otherwise)
+        turn = self._turn(state, end)  # built while the WAL is synced (the loop waits on the fdatasync otherwise)
         try:
             meta["row"] = await committed
         except CaptureError as exc:

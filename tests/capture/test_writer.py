@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import sqlite3
 import subprocess
@@ -139,34 +140,122 @@ def test_canonical_messages_are_stored_once_and_read_back_exactly(tmp_path):
     rec.close()
 
 
-def test_a_failed_write_never_loses_another_calls_row(tmp_path, caplog):
-    """Arrivals B (failing) and C in one group: C's row stands, B's failure is logged, and B's completion,
-    which cannot be stored either, fails its caller alone."""
+class _Lock:
+    """Another process's write transaction on the database: while it holds the lock, writes are handed to the
+    writer thread, which waits for it (up to busy_timeout) and then writes them as one group."""
+
+    def __init__(self, db):
+        self.conn = sqlite3.connect(db, isolation_level=None)
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def release(self) -> None:
+        self.conn.execute("ROLLBACK")
+        self.conn.close()
+
+
+def test_writes_go_on_on_the_callers_thread_and_are_durable_only_after_an_fdatasync(tmp_path, monkeypatch):
+    """The arrival is written at once (its row id known on return); the completion's future waits for the
+    writer thread's fdatasync of the WAL, which covers every commit made before it."""
     writer = CaptureWriter(tmp_path / "c.db")
-    gate, real = threading.Event(), writer._apply
-    groups = []
+    synced, release = [], threading.Event()
+    real = os.fdatasync
 
-    def held(op):  # the writer waits on A until B and C are queued: they make the next group
-        groups.append(op[1].call.call_id)
-        gate.wait(5)
-        return real(op)
+    def held_sync(fd):
+        release.wait(5)
+        synced.append(os.fstat(fd).st_ino)
+        real(fd)
 
-    writer._apply = held
+    monkeypatch.setattr("polar.capture.writer.os.fdatasync", held_sync)
+
+    async def run():
+        arrival = writer.start(_start("A"))
+        assert arrival.row_id is not None and _rows(tmp_path / "c.db")["A"]["status"] == "pending"
+        fut = writer.finish(arrival, _end(model="m"))
+        await asyncio.sleep(0.2)
+        assert not fut.done() and _rows(tmp_path / "c.db")["A"]["status"] == "ok"  # committed, not yet durable
+        release.set()
+        return arrival.row_id, await fut
+
+    row, answered = asyncio.run(run())
+    assert answered == row and synced == [os.stat(tmp_path / "c.db-wal").st_ino]
+    writer.close()
+
+
+def test_a_failed_fdatasync_fails_the_calls_it_covered(tmp_path, monkeypatch):
+    writer = CaptureWriter(tmp_path / "c.db")
+
+    def broken(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr("polar.capture.writer.os.fdatasync", broken)
+    with pytest.raises(CaptureError, match="could not be made durable.*Input/output error"):
+        finish_now(writer, writer.start(_start("A")), _end())
+    monkeypatch.undo()
+    finish_now(writer, writer.start(_start("B")), _end())
+    writer.close()
+
+
+def test_normal_mode_answers_at_the_commit_without_an_fdatasync(tmp_path, monkeypatch):
+    writer = CaptureWriter(tmp_path / "c.db", synchronous="NORMAL")
+    calls = []
+    monkeypatch.setattr("polar.capture.writer.os.fdatasync", calls.append)
+
+    async def run():
+        fut = writer.finish(writer.start(_start("A")), _end())
+        assert fut.done()
+        return await fut
+
+    assert asyncio.run(run()) == _rows(tmp_path / "c.db")["A"]["id"] and calls == []
+    writer.close()
+
+
+def test_another_processs_lock_never_blocks_the_caller(tmp_path):
+    """While another process holds the write lock, a call's writes are handed to the writer thread: the
+    caller goes on at once, and the writes land, in order, once the lock is released."""
+    db = tmp_path / "c.db"
+    writer = CaptureWriter(db, busy_timeout=10)
+    lock = _Lock(db)
+
+    async def run():
+        t0 = time.monotonic()
+        arrival = writer.start(_start("A"))
+        fut = writer.finish(arrival, _end(model="m"))
+        later = writer.start(_start("B"))  # behind the handed writes, though the lock may be free by then
+        took = time.monotonic() - t0
+        await asyncio.sleep(0.3)
+        assert not fut.done()
+        lock.release()
+        return took, await fut, arrival, later
+
+    took, row, arrival, later = asyncio.run(run())
+    asyncio.run(writer.flush())
+    rows = _rows(db)
+    assert took < 0.1 and row == arrival.row_id == rows["A"]["id"] and rows["A"]["status"] == "ok"
+    assert later.row_id == rows["B"]["id"] and len(rows) == 2
+    finish_now(writer, writer.start(_start("C")), _end())  # and writes are back on the caller's thread
+    writer.close()
+
+
+def test_a_failed_write_never_loses_another_calls_row(tmp_path, caplog):
+    """Arrivals A, B (failing) and C handed over together (another process held the lock) commit as one
+    group: A's and C's rows stand, B's failure is logged, and B's completion, which cannot be stored
+    either, fails its caller alone."""
+    db = tmp_path / "c.db"
+    writer = CaptureWriter(db)
+    lock = _Lock(db)
 
     async def run():
         a = writer.start(_start("A"))
-        await asyncio.sleep(0.05)
         b = writer.start(_start("B", headers={"x": object()}))  # cannot be encoded as JSON
         c = writer.start(_start("C"))
-        gate.set()
+        lock.release()
         assert await writer.finish(a, _end(model="m")) == a.row_id
         with pytest.raises(CaptureError, match="not JSON serializable"):
             await writer.finish(b, _end(model="m"))
         return b, c
 
     b, c = asyncio.run(run())
-    rows = _rows(tmp_path / "c.db")
-    assert groups[:3] == ["A", "B", "C"]
+    rows = _rows(db)
     assert set(rows) == {"A", "C"} and rows["A"]["status"] == "ok"
     assert b.row_id is None and rows["C"]["status"] == "pending" and rows["C"]["id"] == c.row_id
     assert "could not record the arrival of call B" in caplog.text
@@ -174,22 +263,17 @@ def test_a_failed_write_never_loses_another_calls_row(tmp_path, caplog):
 
 
 def test_one_group_answers_every_waiting_loop_and_skips_a_caller_that_gave_up(tmp_path):
-    """Completions from two event loops (two threads) and one abandoned caller share a group: each loop's
-    callers get their own rows in one wake-up of that loop; the abandoned call is still committed."""
-    writer = CaptureWriter(tmp_path / "c.db")
-    gate, real = threading.Event(), writer._apply
-
-    def held(op):  # the writer holds its first write until every other one is queued behind it
-        gate.wait(5)
-        return real(op)
-
-    writer._apply = held
-    queued = threading.Barrier(3)
+    """Completions from two event loops (two threads) and one abandoned caller, handed over together, share a
+    group: each loop's callers get their own rows in one wake-up of that loop; the abandoned call is still
+    committed."""
+    db = tmp_path / "c.db"
+    writer = CaptureWriter(db)
+    lock = _Lock(db)
+    queued = threading.Barrier(4)
 
     async def loop_calls(prefix: str, n: int) -> list[int]:
         arrivals = [writer.start(_start(f"{prefix}{i}")) for i in range(n)]
         done = asyncio.gather(*(writer.finish(a, _end()) for a in arrivals))
-        await asyncio.sleep(0.05)
         await asyncio.to_thread(queued.wait, 5)
         return await done
 
@@ -202,11 +286,12 @@ def test_one_group_answers_every_waiting_loop_and_skips_a_caller_that_gave_up(tm
     with ThreadPoolExecutor(3) as pool:
         first = pool.submit(asyncio.run, loop_calls("a", 4))
         second = pool.submit(asyncio.run, loop_calls("b", 3))
-        pool.submit(asyncio.run, abandoned()).result(10)
-        gate.set()
+        pool.submit(asyncio.run, abandoned())
+        queued.wait(5)
+        lock.release()
         ids = first.result(10) + second.result(10)
     asyncio.run(writer.flush())
-    rows = _rows(tmp_path / "c.db")
+    rows = _rows(db)
     assert sorted(ids) == sorted(rows[k]["id"] for k in rows if k != "gone") and len(set(ids)) == 7
     assert all(r["status"] == "ok" for r in rows.values()) and "gone" in rows
     writer.close()
