@@ -1,10 +1,10 @@
 """The capture writer: one SQLite row per model call, committed before the client sees the answer.
 
 A call's writes run on the caller's thread, at once: its arrival (a pending row, so a crash leaves the
-call visible) and its completion, each in a short transaction of its own. Durability is the writer
-thread's job: in FULL mode a completion's future resolves once an fdatasync of the WAL has covered its
-commit — one fdatasync for every commit made before it began, so under load many calls share one, at
-rest each call gets its own. The connection runs at `synchronous=NORMAL` (SQLite syncs around its
+call visible) and its completion, each in a short transaction of its own. In FULL mode a completion's
+future resolves once an fdatasync of the WAL has covered its commit: while other calls are in flight,
+the writer thread's — one for every commit made before it began, so under load many calls share one;
+a call alone syncs on its own thread. The connection runs at `synchronous=NORMAL` (SQLite syncs around its
 checkpoints, and the WAL header on reuse); the explicit fdatasync after a commit is the WAL sync FULL
 would do inside it, moved off the event loop. Writing where the call is costs a small call less than
 handing its statements to another thread (each hand-off a wake-up and a contended GIL).
@@ -38,6 +38,7 @@ import queue
 import secrets
 import sqlite3
 import threading
+import weakref
 from collections import defaultdict
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ class _Locked(Exception):
     """The database's write lock is held elsewhere and this thread does not wait for it."""
 
 
-@dataclass
+@dataclass(eq=False)  # one per call, compared by identity (the writer holds the ones in flight)
 class Arrival:
     """A call as `start` recorded it. `row_id` is its pending row once written, and None while it is not
     (handed to the writer thread and not yet written, or not written at all: the completion then inserts
@@ -101,6 +102,7 @@ class CaptureWriter:
         self._owner = threading.Lock()  # held by whichever thread is using the connection
         self._handed = 0  # writes queued for the writer thread and not yet written: later ones queue behind them
         self._handed_lock = threading.Lock()
+        self._in_flight: weakref.WeakSet[Arrival] = weakref.WeakSet()  # started, not finished (a lone one syncs itself)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = threading.Thread(
             target=self._loop, name="polar-capture-writer", daemon=True
@@ -112,6 +114,7 @@ class CaptureWriter:
     def start(self, call: CallStart) -> Arrival:
         """Write an arriving call's pending row (a failure is logged, and `finish` then inserts the row whole)."""
         arrival = Arrival(call)
+        self._in_flight.add(arrival)
         item = (("start", arrival), None)
         if self._now(item) is None:
             self._hand(item)
@@ -122,12 +125,18 @@ class CaptureWriter:
         row is durable (FULL: an fdatasync has covered its commit; NORMAL: committed), or failing with
         CaptureError. The caller may do other work before awaiting it."""
         fut = asyncio.get_running_loop().create_future()
+        self._in_flight.discard(arrival)
         item = (("finish", arrival, end), fut)
         outcome = self._now(item)
         if outcome is None:
             self._hand(item)
         elif self.synchronous == "FULL" and not isinstance(outcome, BaseException):
-            self._queue.put((("sync", outcome), fut))
+            if self._in_flight or not self._queue.empty():  # others in flight: one fdatasync for them all
+                self._queue.put((("sync", outcome), fut))
+                return fut
+            # A call alone syncs here: waking the writer thread costs it more than the fdatasync does (the
+            # thread waits for the GIL while this thread goes on), and there is no one to share it with.
+            _resolve(fut, self._fdatasync() or outcome)
         else:
             _resolve(fut, outcome)
         return fut
@@ -172,6 +181,15 @@ class CaptureWriter:
             return None
         finally:
             self._owner.release()
+
+    def _fdatasync(self) -> CaptureError | None:
+        """Make every commit so far durable: None, or why it could not be (then none of them is)."""
+        try:
+            os.fdatasync(self._wal)
+        except OSError as exc:
+            log.error("capture writes could not be made durable: fdatasync of the WAL failed: %s", exc)
+            return CaptureError(f"the capture could not be made durable (fdatasync: {exc})")
+        return None
 
     def _hand(self, item: tuple[Any, Any]) -> None:
         with self._handed_lock:
@@ -221,13 +239,8 @@ class CaptureWriter:
             failed = [(fut, out) for fut, out in replies if fut is not None and isinstance(out, BaseException)]
             durable = [(fut, out) for fut, out in replies if fut is not None and not isinstance(out, BaseException)]
             durable += [(fut, op[1]) for op, fut in syncs]
-            if durable and self.synchronous == "FULL":
-                try:
-                    os.fdatasync(self._wal)
-                except OSError as exc:
-                    log.error("capture writes could not be made durable: fdatasync of the WAL failed: %s", exc)
-                    lost = CaptureError(f"the capture could not be made durable (fdatasync: {exc})")
-                    durable = [(fut, lost) for fut, _ in durable]
+            if durable and self.synchronous == "FULL" and (lost := self._fdatasync()):
+                durable = [(fut, lost) for fut, _ in durable]
             replies = failed + durable + [(fut, None) for _, fut in control]
             self._answer(replies)
             if any(op is _STOP for op, _ in control):

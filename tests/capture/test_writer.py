@@ -154,30 +154,36 @@ class _Lock:
 
 
 def test_writes_go_on_on_the_callers_thread_and_are_durable_only_after_an_fdatasync(tmp_path, monkeypatch):
-    """The arrival is written at once (its row id known on return); the completion's future waits for the
-    writer thread's fdatasync of the WAL, which covers every commit made before it."""
+    """The arrival is written at once (its row id known on return). A completion while another call is in
+    flight waits for the writer thread's fdatasync of the WAL, which covers every commit made before it; a
+    call alone syncs on its own thread before `finish` returns."""
     writer = CaptureWriter(tmp_path / "c.db")
     synced, release = [], threading.Event()
     real = os.fdatasync
 
     def held_sync(fd):
-        release.wait(5)
-        synced.append(os.fstat(fd).st_ino)
+        if threading.current_thread() is not threading.main_thread():
+            release.wait(5)
+        synced.append((threading.current_thread() is threading.main_thread(), os.fstat(fd).st_ino))
         real(fd)
 
     monkeypatch.setattr("polar.capture.writer.os.fdatasync", held_sync)
 
     async def run():
-        arrival = writer.start(_start("A"))
+        arrival, other = writer.start(_start("A")), writer.start(_start("B"))
         assert arrival.row_id is not None and _rows(tmp_path / "c.db")["A"]["status"] == "pending"
         fut = writer.finish(arrival, _end(model="m"))
         await asyncio.sleep(0.2)
         assert not fut.done() and _rows(tmp_path / "c.db")["A"]["status"] == "ok"  # committed, not yet durable
         release.set()
-        return arrival.row_id, await fut
+        row = await fut
+        alone = writer.finish(other, _end(model="m"))  # the last call in flight
+        assert alone.done()
+        return arrival.row_id, row, other.row_id, await alone
 
-    row, answered = asyncio.run(run())
-    assert answered == row and synced == [os.stat(tmp_path / "c.db-wal").st_ino]
+    a_row, a_answered, b_row, b_answered = asyncio.run(run())
+    wal = os.stat(tmp_path / "c.db-wal").st_ino
+    assert a_answered == a_row and b_answered == b_row and synced == [(False, wal), (True, wal)]
     writer.close()
 
 
