@@ -1,21 +1,22 @@
 """The capture writer: one SQLite row per model call, committed before the client sees the answer.
 
-A call's writes run on the caller's thread, at once: its arrival (a pending row, so a crash leaves the
-call visible) and its completion, each in a short transaction of its own. In FULL mode a completion's
-future resolves once an fdatasync of the WAL has covered its commit: while other calls are in flight,
-the writer thread's — one for every commit made before it began, so under load many calls share one;
-a call alone syncs on its own thread. The connection runs at `synchronous=NORMAL` (SQLite syncs around its
-checkpoints, and the WAL header on reuse); the explicit fdatasync after a commit is the WAL sync FULL
-would do inside it, moved off the event loop. Writing where the call is costs a small call less than
-handing its statements to another thread (each hand-off a wake-up and a contended GIL).
+A call alone (no other in flight) is written on its own thread, at once: its arrival (a pending row, so a
+crash leaves the call visible) and its completion, each in a short transaction of its own, the
+completion made durable (FULL) by an fdatasync of the WAL before `finish` returns. Handing a lone call's
+statements to another thread costs it more than they do: each hand-off is a wake-up, and the woken thread
+then waits for the GIL while the event loop goes on. Calls that overlap are handed to the writer thread,
+which commits what has queued in groups and makes each group durable with one fdatasync, so under load
+many calls share one transaction and one fdatasync. The connection runs at `synchronous=NORMAL` (SQLite
+syncs around its checkpoints, and the WAL header on reuse); the explicit fdatasync after a commit is the
+WAL sync FULL would do inside it, moved where it costs least.
 
-The writer thread takes the writes over while another process holds the database's write lock (the
-caller's thread never waits for it: it asks without a busy timeout, and the writer thread waits up to
-`busy_timeout`), and keeps them until what was handed to it is written, so a call's writes stay in
-order. There they commit in groups: each write runs in its own SAVEPOINT, so a statement that fails
-rolls back that write alone; if the group's COMMIT fails (disk full, I/O error), every write is retried
-in a transaction of its own; if the transaction cannot even begin (the lock held past `busy_timeout`),
-the group fails at once, not once per write. A completion that cannot be committed raises
+The caller's thread never waits for another process's write lock: it asks without a busy timeout, and
+on SQLITE_BUSY hands the write over; the writer thread waits up to `busy_timeout`. While the writer thread
+holds handed writes, later ones queue behind them, so a call's completion never overtakes its arrival.
+In the writer thread's groups each write runs in its own SAVEPOINT, so a statement that fails rolls
+back that write alone; if the group's COMMIT fails (disk full, I/O error), every write is retried in a
+transaction of its own; if the transaction cannot even begin (the lock held past `busy_timeout`), the
+group fails at once, not once per write. A completion that cannot be committed (or synced) raises
 `CaptureError` to its caller, so a call whose capture failed never answers as if it had been recorded.
 Completing a call whose arrival row is missing inserts the row whole.
 
@@ -114,9 +115,10 @@ class CaptureWriter:
     def start(self, call: CallStart) -> Arrival:
         """Write an arriving call's pending row (a failure is logged, and `finish` then inserts the row whole)."""
         arrival = Arrival(call)
+        alone = not self._in_flight
         self._in_flight.add(arrival)
         item = (("start", arrival), None)
-        if self._now(item) is None:
+        if not alone or self._now(item) is None:
             self._hand(item)
         return arrival
 
@@ -127,15 +129,13 @@ class CaptureWriter:
         fut = asyncio.get_running_loop().create_future()
         self._in_flight.discard(arrival)
         item = (("finish", arrival, end), fut)
-        outcome = self._now(item)
+        outcome = None if self._in_flight else self._now(item)
         if outcome is None:
             self._hand(item)
         elif self.synchronous == "FULL" and not isinstance(outcome, BaseException):
-            if self._in_flight or not self._queue.empty():  # others in flight: one fdatasync for them all
+            if not self._queue.empty():  # the writer thread is syncing others: one fdatasync for all
                 self._queue.put((("sync", outcome), fut))
                 return fut
-            # A call alone syncs here: waking the writer thread costs it more than the fdatasync does (the
-            # thread waits for the GIL while this thread goes on), and there is no one to share it with.
             _resolve(fut, self._fdatasync() or outcome)
         else:
             _resolve(fut, outcome)
