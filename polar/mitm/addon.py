@@ -21,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from mitmproxy import contentviews, ctx, exceptions, http
+from mitmproxy.net.http import status_codes
 
 from polar.capture import working_set
 from polar.capture.writer import CaptureWriter
@@ -35,6 +37,7 @@ from polar.gateway.streaming import StreamingCall, StreamReply
 from polar.mitm import backlog, shutdown
 from polar.mitm.contentview import PolarContentview
 from polar.mitm.relay import StreamRelay
+from polar.providers.base import HttpReply
 from polar.sessions.identity import IDENTITY_HEADERS, REDACTED, SECRET_HEADERS, SessionRegistry
 from polar.upstream.vllm_chat import VLLMChat
 
@@ -53,6 +56,18 @@ def gateway_headers(headers: http.Headers) -> dict[str, str]:
             value = f"{joined[name]}, {value}"
         joined[name] = value
     return joined
+
+def flow_response(reply: HttpReply) -> http.Response:
+    """The gateway's reply as mitmproxy's response, its headers encoded once (`Response.make` encodes them, then
+    looks the length up among them again). Its length is the body's, unless the reply names one — a HEAD answer
+    announces GET's — or it is a 204, which has none (RFC 9110)."""
+    fields = [(k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in reply.headers.items()]
+    if "content-length" not in reply.headers and reply.status != 204:
+        fields.append((b"content-length", b"%d" % len(reply.body)))
+    now = time.time()
+    return http.Response(b"HTTP/1.1", reply.status, status_codes.RESPONSES.get(reply.status, "").encode(),
+                         http.Headers(fields), reply.body, None, now, now)
+
 
 WRITER_OPTIONS = {"polar_db", "polar_db_sync", "polar_db_busy_timeout"}
 BACKEND_OPTIONS = {
@@ -94,6 +109,7 @@ class PolarAddon:
         self.relay = StreamRelay()
         self.stopping = False  # polar is shutting down (mitm/shutdown.py): new calls are refused
         self._streams: set[StreamingCall] = set()  # streamed answers in flight, to end them when polar stops
+        self._addr_header = ""  # polar_client_addr_header
 
     @property
     def registry(self) -> SessionRegistry | None:
@@ -163,6 +179,7 @@ class PolarAddon:
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
         _check(opts, updated)
+        self._addr_header = opts.polar_client_addr_header  # read per call: mitmproxy copies an option's value on each read
         old = self.gateway
         if old is not None and not updated & (WRITER_OPTIONS | BACKEND_OPTIONS | GATEWAY_OPTIONS):
             return
@@ -209,7 +226,7 @@ class PolarAddon:
         if self.stopping:  # not captured: nothing reached the model
             err = GatewayError("stopping", "polar is shutting down and takes no new calls; retry the call")
             reply = self.gateway.providers.guess(req.path.split("?", 1)[0], gateway_headers(req.headers)).render_error(err)
-            flow.response = http.Response.make(reply.status, reply.body, {**reply.headers, "connection": "close"})
+            flow.response = flow_response(HttpReply(reply.status, reply.body, {**reply.headers, "connection": "close"}))
             return
         try:
             body = req.get_content(strict=False) or b""
@@ -217,8 +234,8 @@ class PolarAddon:
             body = req.raw_content or b""
         peer = flow.client_conn.peername
         client_addr = peer[0] if peer else None
-        if ctx.options.polar_client_addr_header:  # behind polar's front: the peer is the front
-            client_addr = req.headers.pop(ctx.options.polar_client_addr_header, None) or client_addr
+        if self._addr_header:  # behind polar's front: the peer is the front
+            client_addr = req.headers.pop(self._addr_header, None) or client_addr
         headers = gateway_headers(req.headers)
         headers.setdefault("host", req.host_header or req.pretty_host)  # HTTP/2 carries :authority only
         secrets = [name for name in SECRET_HEADERS if name in headers]  # (a lookup in mitmproxy's headers is a scan)
@@ -230,7 +247,7 @@ class PolarAddon:
                 GatewayRequest(
                     method=req.method,
                     path=path,
-                    query=dict(req.query),
+                    query=dict(req.query) if "?" in req.path else {},
                     headers=headers,
                     body=body,
                     client_addr=client_addr,
@@ -252,12 +269,7 @@ class PolarAddon:
             asyncio.get_running_loop().create_task(self._release_after(gateway, out.reply))
             await self.relay.hand_over(flow, out.reply)
             return
-        flow.response = http.Response.make(out.reply.status, out.reply.body, out.reply.headers)
-        # make() counts the body: a HEAD answer announces GET's length instead, a 204 none (RFC 9110).
-        if "content-length" in out.reply.headers:
-            flow.response.headers["content-length"] = out.reply.headers["content-length"]
-        elif out.reply.status == 204:
-            del flow.response.headers["content-length"]
+        flow.response = flow_response(out.reply)
         self._comment(flow)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:

@@ -46,6 +46,9 @@ class Identity:
     refused: str | None = None  # a session the request named but its bound client may not act as
 
 
+HASHES_KEPT = 4096  # key hashes remembered (an HMAC a call otherwise: ~15 µs)
+
+
 class SessionRegistry:
     """Maps per-session API keys and client addresses to session ids (filled by runtimes)."""
 
@@ -55,9 +58,16 @@ class SessionRegistry:
         self._keys: dict[str, str] = {}  # key → session, in memory only: to re-hash under a new salt
         self._by_addr: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._hashes: dict[str, str] = {}  # key → its hash under the current salt: a session sends one key every call
 
     def hash_key(self, key: str) -> str:
-        return hmac.new(self._salt, key.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]
+        if (known := self._hashes.get(key)) is not None:
+            return known
+        digest = hmac.new(self._salt, key.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]
+        if len(self._hashes) >= HASHES_KEPT:  # keys are per session: the memo holds the recent ones
+            self._hashes.clear()
+        self._hashes[key] = digest
+        return digest
 
     def register_key(self, key: str, session: str) -> None:
         with self._lock:
@@ -67,7 +77,7 @@ class SessionRegistry:
     def resalt(self, salt: bytes) -> None:
         """A new capture database brings its own salt: registered keys are re-hashed under it."""
         with self._lock:
-            self._salt = salt
+            self._salt, self._hashes = salt, {}
             self._by_key = {self.hash_key(k): s for k, s in self._keys.items()}
 
     def register_address(self, address: str, session: str) -> None:
