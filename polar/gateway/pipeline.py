@@ -1,7 +1,7 @@
 """The gateway pipeline, independent of mitmproxy: one HTTP request in, one HTTP reply out.
 
-    detect provider → resolve session → capture arrival (pending) → parse → session state
-    → upstream → render → capture completion (committed) → remember the turn → reply
+    detect provider → resolve session → parse → session state → upstream, and as it works the
+    capture arrival (pending) → render → capture completion (durable) → remember the turn → reply
 
 The mitmproxy addon, the CLI and the tests all drive this one class. Every path out of
 `handle` — success, client error, upstream failure, polar bug — answers in the caller's
@@ -157,12 +157,9 @@ class Gateway:
             request_body=req.body,
             t_start=time.time(),
         )
-        # Committed now (a crash from here on leaves the call visible, pending); the completion updates its
-        # row (or inserts the row whole).
-        arrival = self.writer.start(call)
         meta: dict[str, Any] = {"session": ident.session, "provider": provider.name, "call_id": call.call_id}
-        call_state = _Call()
-        settle = functools.partial(self._settle, arrival, call_state, ident.session, meta)
+        call_state = _Call(arrival=Arrival(call))
+        settle = functools.partial(self._settle, call_state, ident.session, meta)
         try:
             answer = await self._answer(req, ident, route, call, call_state)
             if isinstance(answer, _Opened):
@@ -187,10 +184,11 @@ class Gateway:
                    **ids}
         return StreamReply(200, headers, stream)
 
-    async def _settle(self, arrival: Arrival, state: _Call, session: str,
+    async def _settle(self, state: _Call, session: str,
                       meta: dict[str, Any], end: CallEnd, result: ChatResult | None) -> str | None:
         """Fill the call's row from what it learnt, commit it, then let the session state learn the turn.
         Returns why the row could not be committed, or None."""
+        arrival = state.arrival
         call = arrival.call
         if result is not None and state.result is None:  # a streamed turn: known only now
             state.take(result, time.time() - state.t_up_start)
@@ -237,7 +235,11 @@ class Gateway:
             return await self._open_stream(route, parsed.context, request, call, state, view)
         async with self.gate.sampling():
             t_up = time.time()
-            result = await self.backend.complete(request, call.call_id, view)
+            # Sent before the arrival is written, which then overlaps the upstream's work (mitmproxy's loop starts
+            # tasks eagerly: the request is on the wire when create_task returns).
+            upstream = asyncio.ensure_future(self.backend.complete(request, call.call_id, view))
+            state.arrive(self.writer)
+            result = await upstream
         state.take(result, time.time() - t_up)
         return route.provider.render(route, parsed.context, request, result)
 
@@ -253,6 +255,7 @@ class Gateway:
         except BaseException:
             await slot.aclose()
             raise
+        state.arrive(self.writer)  # written while the upstream queues and prefills
         return _Opened(upstream, route.provider.stream_renderer(route, context, request, call.call_id), slot)
 
     @staticmethod
@@ -310,6 +313,9 @@ class _Opened:
 class _Call:
     """What one model call learnt on its way, for its capture row and its session's state."""
 
+    # The call's row: its pending arrival is written once the call has gone upstream (a crash from then on
+    # leaves it visible, pending); one refused before that gets its row whole at the end.
+    arrival: Arrival
     request: ChatRequest | None = None
     result: ChatResult | None = None
     keys: list[str] = field(default_factory=list)
@@ -320,6 +326,9 @@ class _Call:
     t_up_start: float = 0.0
     t_upstream: float | None = None
     rewrites: list[str] = field(default_factory=list)  # what polar changed in the request, and why
+
+    def arrive(self, writer: CaptureWriter) -> None:
+        self.arrival = writer.start(self.arrival.call)
 
     def take(self, result: ChatResult, t_upstream: float) -> None:
         """The sampled turn (whole, or as far as a stream got)."""
