@@ -220,7 +220,8 @@ FLOOR_TARGETS = {"answer": "mitm answers", "relay": "mitm relay"}
 def floor_target(workdir: Path, upstream: Service, mode: str) -> Target:
     """mitmproxy as polar runs it (its lean master) with a one-job addon in polar's place
     (scripts/bench_floor_proxy.py): `answer` answers from memory, `relay` sends direct's request on to the
-    upstream with aiohttp — what polar's path costs before polar's own work."""
+    upstream over polar's own upstream client (polar/upstream/h1.py) — what polar's path costs before polar's
+    own work."""
     port = free_port()
     cmd = [sys.executable, str(REPO / "scripts" / "bench_floor_proxy.py"), "--port", str(port),
            "--upstream", upstream_url(upstream), "--mode", mode]
@@ -438,7 +439,7 @@ def target_lines(cells: list[Cell], polar: str = "polar", peer: str | None = Non
         if answer is not None and relay is not None:
             lean, hop = answer.pct(50) - d.pct(50), relay.pct(50) - d.pct(50)
             lines.append(f"floor: polar's mitmproxy answering from memory adds {lean:.2f} ms p50 at 1 client, relaying "
-                         f"to the upstream with aiohttp {hop:.2f} ms; polar's own work (detect, translate, session, "
+                         f"to the upstream over polar's client {hop:.2f} ms; polar's own work (detect, translate, session, "
                          f"capture) {added - hop:.2f} ms on top")
     if peer:
         for stream in (False, True):
@@ -510,7 +511,7 @@ def reference_args(ap: argparse.ArgumentParser) -> None:
                     help="also plain `mitmdump` reverse-proxying direct's request (its default addons, no script)")
     ap.add_argument("--floor", action="store_true",
                     help="also polar's floors: its mitmproxy with a one-job addon answering from memory "
-                         "('mitm answers') and relaying to the upstream with aiohttp ('mitm relay')")
+                         "('mitm answers') and relaying to the upstream over polar's upstream client ('mitm relay')")
 
 
 def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
