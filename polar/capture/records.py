@@ -1,7 +1,7 @@
 """What the gateway hands the capture writer: typed records, not raw row dicts.
 
-A call is written twice: `CallStart` when it arrives (status pending, so a crash leaves it visible)
-and `CallEnd` when it ends. The token columns come as a `TokenRecord` whose prompt is already split
+A call is written twice: `CallStart` when it goes upstream (status pending, so a crash leaves it
+visible; with the request as polar sends it, known by then) and `CallEnd` when it ends. The token columns come as a `TokenRecord` whose prompt is already split
 against the session's earlier sequences (`Lineage`), computed by the session state before the write
 and remembered by it only after the write has committed.
 """
@@ -35,19 +35,27 @@ class CallStart:
     request_headers: dict[str, str]  # already redacted
     request_body: bytes
     t_start: float
+    # The canonical request as stored, and its messages as references (written with the arrival when it is
+    # known by then; else the completion writes it).
+    canonical: dict[str, Any] | None = None
+    messages: MessageRefs | None = None
 
-    def row(self, packer: Plain = _PLAIN) -> dict[str, Any]:
-        """The row without its body: the writer stores that against the session's earlier ones (bodies.py)."""
+    def encode(self, packer: Plain = _PLAIN) -> tuple[dict[str, Any], list[StoredMessage]]:
+        """The row without its body (the writer stores that against the session's earlier ones, bodies.py), and
+        the content-addressed values it references."""
         row = {name: getattr(self, name) for name in _START_COLUMNS}  # not asdict: it deep-copies the headers
         # A harness sends ~0.7 KB of headers a call, the same every call: its dictionary's kind of value.
         row["request_headers"] = pack_json(json.dumps(self.request_headers), packer.of("headers"))
-        return row
+        if self.canonical is None:
+            return row, []
+        row["canonical"], values = encode_canonical(self.canonical, self.messages, packer)
+        return row, values
 
     def stored_body(self) -> bytes:
         return self.request_body[:STORED_BODY_LIMIT]
 
 
-_START_COLUMNS = [f.name for f in fields(CallStart) if f.name != "request_body"]
+_START_COLUMNS = [f.name for f in fields(CallStart) if f.name not in ("request_body", "canonical", "messages")]
 
 
 @dataclass(frozen=True)
@@ -143,15 +151,21 @@ class CallEnd:
             row.update(response)
         values: list[StoredMessage] = []
         if self.canonical is not None:
-            refs = self.messages or encode_messages(self.canonical["messages"], MessageLog())
-            rest, parts = encode_parts({k: v for k, v in self.canonical.items() if k != "messages"})
-            values += refs.new + parts
-            row["canonical"] = pack_json(json.dumps({**rest, **refs.stored()}, ensure_ascii=False), packer.of("canonical"))
+            row["canonical"], values = encode_canonical(self.canonical, self.messages, packer)
         if self.result is not None:
             row["result"] = pack_json(self.result, packer.of("result"))
         if self.tokens is not None:
             row.update(self.tokens.columns())
         return row, values
+
+
+def encode_canonical(canonical: dict[str, Any], refs: MessageRefs | None,
+                     packer: Plain = _PLAIN) -> tuple[str | bytes, list[StoredMessage]]:
+    """The `canonical` column (messages and large parts as references), and the values to store under them."""
+    refs = refs or encode_messages(canonical["messages"], MessageLog())
+    rest, parts = encode_parts({k: v for k, v in canonical.items() if k != "messages"})
+    column = pack_json(json.dumps({**rest, **refs.stored()}, ensure_ascii=False), packer.of("canonical"))
+    return column, refs.new + parts
 
 
 def encode_parts(canonical: dict[str, Any]) -> tuple[dict[str, Any], list[StoredMessage]]:

@@ -49,7 +49,7 @@ from typing import Any
 from polar.capture import schema
 from polar.capture.bodies import ANSWER_APART, BodyBases, store, write_body
 from polar.capture.dictionaries import Packer
-from polar.capture.records import CallEnd, CallStart
+from polar.capture.records import CallEnd, CallStart, StoredMessage
 from polar.capture.shards import first_row_id
 
 log = logging.getLogger("polar.capture")
@@ -360,10 +360,7 @@ class CaptureWriter:
         _, arrival, end = op
         row_id, call = arrival.row_id, arrival.call
         fields, values = end.encode(self._packer, self._store_answer(call.session_id, end.response_body))
-        for value in values:  # the tools come with every call: compressed only the first time
-            if self._conn.execute("SELECT 1 FROM messages WHERE hash=?", (value.digest,)).fetchone() is None:
-                self._conn.execute("INSERT INTO messages (hash, body) VALUES (?, ?)", (value.digest,
-                                                                                        value.stored(self._packer)))
+        self._store_values(values)
         if row_id is not None:
             cur = self._conn.execute(
                 f"UPDATE calls SET {', '.join(f'{k}=?' for k in fields)} WHERE id=?", [*fields.values(), row_id]
@@ -382,13 +379,22 @@ class CaptureWriter:
         self._answers.wrote(session, body_id, body, encoded)
         return {"response_body": None, "response_encoding": encoded.encoding, "response_body_id": body_id}
 
+    def _store_values(self, values: list[StoredMessage]) -> None:
+        """Content-addressed values a row references (the tools come with every call: compressed only the first time)."""
+        for value in values:
+            if self._conn.execute("SELECT 1 FROM messages WHERE hash=?", (value.digest,)).fetchone() is None:
+                self._conn.execute("INSERT INTO messages (hash, body) VALUES (?, ?)", (value.digest,
+                                                                                        value.stored(self._packer)))
+
     def _insert_call(self, call: CallStart, fields: dict[str, Any]) -> int:
         body = call.stored_body()
         encoded = self._bodies.encode(call.session_id, body)
         columns = write_body(self._conn, encoded)
         if columns["body_id"] is not None:
             self._bodies.wrote(call.session_id, columns["body_id"], body, encoded)
-        return self._insert({**call.row(self._packer), **columns, **fields, "writer": self.token})
+        row, values = call.encode(self._packer)
+        self._store_values(values)
+        return self._insert({**row, **columns, **fields, "writer": self.token})
 
     def _insert(self, row: dict[str, Any]) -> int:
         unknown = set(row) - set(schema.CALLS)

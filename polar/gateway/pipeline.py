@@ -29,7 +29,7 @@ from typing import Any
 
 from polar.canonical import ChatRequest, ChatResult
 from polar.capture.reader import CaptureReader
-from polar.capture.records import CallEnd, CallStart, MessageLog, TokenRecord, encode_messages
+from polar.capture.records import CallEnd, CallStart, MessageLog, MessageRefs, TokenRecord, encode_messages
 from polar.capture.tokens import as_ids
 from polar.capture.working_set import Budgets
 from polar.capture.writer import Arrival, CaptureError, CaptureWriter
@@ -201,7 +201,7 @@ class Gateway:
         except CaptureError as exc:
             log.error("call %s could not be recorded: %s", call.call_id, exc)
             return str(exc)
-        self._remember(session, meta["row"], turn, end)
+        self._remember(session, meta["row"], turn, state)
         if state.result is not None:
             meta.update(prompt_tokens=len(state.result.prompt_token_ids),
                         completion_tokens=len(state.result.completion_token_ids))
@@ -265,10 +265,10 @@ class Gateway:
             return None
         return new_turn(0, state.request, state.keys, state.result, state.prompt, state.branch)
 
-    def _remember(self, session: str, row_id: int, turn: Turn | None, end: CallEnd) -> None:
+    def _remember(self, session: str, row_id: int, turn: Turn | None, state: _Call) -> None:
         messages = None
-        if end.canonical is not None and end.messages is not None:
-            messages = end.messages.log(row_id, end.canonical["messages"])
+        if state.canonical is not None and state.refs is not None:
+            messages = state.refs.log(row_id, state.canonical["messages"])
         if turn is not None:
             turn.row = row_id
         self.states.record(session, turn, messages)
@@ -326,9 +326,21 @@ class _Call:
     t_up_start: float = 0.0
     t_upstream: float | None = None
     rewrites: list[str] = field(default_factory=list)  # what polar changed in the request, and why
+    canonical: dict[str, Any] | None = None  # the request as stored (described() makes it once)
+    refs: MessageRefs | None = None  # its messages as references
 
     def arrive(self, writer: CaptureWriter) -> None:
-        self.arrival = writer.start(self.arrival.call)
+        """Write the call's pending row, with the request as it went upstream."""
+        call = self.arrival.call
+        call.canonical, call.messages = self.described()
+        self.arrival = writer.start(call)
+
+    def described(self) -> tuple[dict[str, Any] | None, MessageRefs | None]:
+        """The request as stored and its messages as references to the session's last call's (once)."""
+        if self.canonical is None and self.request is not None:
+            self.canonical = self.request.stored()
+            self.refs = encode_messages(self.canonical["messages"], self.session_messages)
+        return self.canonical, self.refs
 
     def take(self, result: ChatResult, t_upstream: float) -> None:
         """The sampled turn (whole, or as far as a stream got)."""
@@ -340,9 +352,8 @@ class _Call:
         end.rewrites = [*self.rewrites, *end.rewrites]
         if self.request is not None:
             end.model, end.stream = self.request.model, self.request.stream
-            canonical = self.request.stored()
-            end.canonical = canonical
-            end.messages = encode_messages(canonical["messages"], self.session_messages)
+            if self.arrival.call.canonical is None:  # not written with an arrival: the completion writes it
+                end.canonical, end.messages = self.described()
         result = self.result
         if result is None:
             return
