@@ -75,6 +75,7 @@ def litellm_target(workdir: Path, upstream: core.Service, executable: Path, toke
 def main(argv: Sequence[str] | None = None) -> list:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     core.common_args(ap)
+    core.rounds_arg(ap)
     core.reference_args(ap)
     ap.add_argument("--litellm", default=str(DEFAULT_LITELLM), help="the LiteLLM proxy's `litellm` executable")
     which = ap.add_mutually_exclusive_group()
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> list:
                 services.append(targets[-1].proxy)
             core.check_targets(targets)
             cells = core.run_matrix(targets, upstream, args.concurrency, core.streams_of(args.stream), args.requests,
-                                    lambda line: console.print(f"[dim]{line}[/dim]"))
+                                    lambda line: console.print(f"[dim]{line}[/dim]"), args.rounds)
             stats = core.upstream_stats(upstream)
         finally:
             for service in reversed(services):

@@ -8,13 +8,14 @@ side at each concurrency, from one load generator (this process):
             sends upstream for the Anthropic call below (streamed: the same with "stream": true);
   polar   — the same conversation as an Anthropic Messages call through `polar proxy` (detect,
             translate, upstream call, render, durable capture), one process.
-Each cell times max(--requests, 4 x clients) requests after one warm-up request per connection;
+Each cell times max(--requests, 4 x clients) requests, in --rounds parts (default 5) that the targets take
+turns at, each part after one warm-up request per connection;
 CPU is the proxy's (and the upstream's) user+system time over the timed part, from /proc.
 On this 2-core machine client, proxy and upstream share the CPU, so absolute numbers are
 pessimistic; added latency, ratios and CPU per request are the figures to read.
 scripts/bench_peers.py adds the LiteLLM proxy to the same table; this module is its measurement core.
 
-    python scripts/bench_proxy.py [--requests 300] [--concurrency 1 16 64 256] [--stream both]
+    python scripts/bench_proxy.py [--requests 300] [--concurrency 1 16 64 256] [--rounds 5] [--stream both]
                                   [--sync FULL NORMAL] [--markdown]
 """
 
@@ -378,17 +379,39 @@ def cell_requests(requests: int, clients: int) -> int:
 
 
 def run_matrix(targets: list[Target], upstream: Service, concurrency: list[int], streams: list[bool],
-               requests: int, progress: Callable[[str], None] = lambda _: None) -> list[Cell]:
-    """Every target at every concurrency, targets side by side (so a load spike hits them alike)."""
+               requests: int, progress: Callable[[str], None] = lambda _: None, rounds: int = 1) -> list[Cell]:
+    """Every target at every concurrency, targets side by side (so a load spike hits them alike): each cell's
+    requests in `rounds` parts, the targets taking turns part by part, so a burst of the host's other
+    tenants (a shared VM's steal comes and goes by the minute) falls on every target alike, not on one."""
     cells = []
     for stream in streams:
         for clients in concurrency:
+            n = cell_requests(requests, clients)
+            parts = max(1, min(rounds, n // (2 * clients)))  # each part at least two calls a client
+            done: dict[str, list[Cell]] = {t.name: [] for t in targets}
+            for part in range(parts):
+                for target in targets:
+                    done[target.name].append(measure(target, upstream, stream, clients, n // parts + (part < n % parts)))
             for target in targets:
-                cell = measure(target, upstream, stream, clients, cell_requests(requests, clients))
+                cell = merged(done[target.name])
                 progress(f"{'streamed' if stream else 'non-streamed'} {clients:>3} clients {target.name:<14} "
                          f"p50 {cell.pct(50):8.2f} ms  {cell.rps:7.1f} req/s  errors {len(cell.errors)}")
                 cells.append(cell)
     return cells
+
+
+def merged(parts: list[Cell]) -> Cell:
+    """One cell from the parts a target's requests were measured in: every latency, the time and CPU summed."""
+    if len(parts) == 1:
+        return parts[0]
+
+    def total(values: list[float | None]) -> float | None:
+        return None if any(v is None for v in values) else sum(values)  # type: ignore[arg-type]
+
+    first = parts[0]
+    return Cell(first.target, first.stream, first.clients, [x for p in parts for x in p.latencies],
+                [e for p in parts for e in p.errors], sum(p.wall for p in parts), total([p.proxy_cpu for p in parts]),
+                sum(p.upstream_cpu for p in parts), total([p.main_thread_cpu for p in parts]))
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -505,6 +528,12 @@ def common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--markdown", action="store_true", help="draw the table as Markdown (for docs/benchmarks.md)")
 
 
+def rounds_arg(ap: argparse.ArgumentParser) -> None:
+    """How run_matrix interleaves the targets."""
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="each cell's requests in this many parts, the targets taking turns part by part")
+
+
 def reference_args(ap: argparse.ArgumentParser) -> None:
     """The floors measured beside polar (`reference_targets`)."""
     ap.add_argument("--mitmdump", action="store_true",
@@ -515,8 +544,8 @@ def reference_args(ap: argparse.ArgumentParser) -> None:
 
 
 def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.requests < 1 or min(args.concurrency) < 1:
-        ap.error("--requests and --concurrency must be at least 1")
+    if args.requests < 1 or min(args.concurrency) < 1 or getattr(args, "rounds", 1) < 1:
+        ap.error("--requests, --concurrency and --rounds must be at least 1")
     if not (Path(args.tokenizer) / "tokenizer.json").exists():
         ap.error(f"no tokenizer at {args.tokenizer} (build one: scripts/build_tiny_model.py --tokenizer-only)")
 
@@ -536,6 +565,7 @@ def polar_name(sync: str, syncs: list[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> list[Cell]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common_args(ap)
+    rounds_arg(ap)
     reference_args(ap)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
@@ -552,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> list[Cell]:
                 services.append(targets[-1].proxy)
             check_targets(targets)
             cells = run_matrix(targets, upstream, args.concurrency, streams_of(args.stream), args.requests,
-                               lambda line: console.print(f"[dim]{line}[/dim]"))
+                               lambda line: console.print(f"[dim]{line}[/dim]"), args.rounds)
             stats = upstream_stats(upstream)
         finally:
             for service in reversed(services):
