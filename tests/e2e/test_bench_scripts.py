@@ -69,6 +69,15 @@ def test_rounds_interleave_the_targets_and_merge_into_one_cell(monkeypatch):
     assert sorted(set(polar.latencies)) == [0.002, 0.004, 0.006] and cells[0].proxy_cpu is None
 
 
+def test_bench_upstream_client_tiny(tokenizer_dir, capsys, monkeypatch):
+    bench = load_script(monkeypatch, "bench_upstream_client")
+    got = bench.main(["--requests", "20", "--rounds", "2", "--tokenizer", str(tokenizer_dir)])
+    out = capsys.readouterr().out
+    assert set(got) == {"polar h1", "aiohttp"} and all(len(rounds) == 2 for rounds in got.values())
+    assert all(cpu > 0 and wall > 0 for rounds in got.values() for cpu, wall in rounds)
+    assert "÷ aiohttp" in out and "command: python scripts/bench_upstream_client.py --requests 20" in out
+
+
 def test_bench_workers_tiny(tokenizer_dir, capsys, monkeypatch):
     bench = load_script(monkeypatch, "bench_workers")
     cells = bench.main(["--requests", "8", "--concurrency", "4", "--stream", "both", "--tokenizer", str(tokenizer_dir)])
