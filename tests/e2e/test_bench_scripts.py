@@ -8,6 +8,9 @@ out, unset uses it when that venv is already in the cache.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tests.support.scripts import load_script
@@ -78,6 +81,18 @@ def test_bench_upstream_client_tiny(tokenizer_dir, capsys, monkeypatch):
     assert "÷ aiohttp" in out and "command: python scripts/bench_upstream_client.py --requests 20" in out
 
 
+def test_bench_ab_tiny(tokenizer_dir, capsys, monkeypatch):
+    """Two revisions (HEAD from a worktree, and the working tree) side by side, and the worktree removed after."""
+    bench = load_script(monkeypatch, "bench_ab")
+    rounds = bench.main(["HEAD", ".", "--rounds", "2", "--requests", "5", "--tokenizer", str(tokenizer_dir)])
+    out = capsys.readouterr().out
+    assert list(rounds) == ["direct", "0:HEAD", "1:."]
+    assert all(len(cells) == 2 and all(c.ok == 5 and not c.errors for c in cells) for cells in rounds.values())
+    assert "Δ added vs 0:HEAD" in out and "command: python scripts/bench_ab.py HEAD ." in out
+    listed = subprocess.run(["git", "-C", str(bench.core.REPO), "worktree", "list"], capture_output=True, text=True)
+    assert "polar-bench-ab-" not in listed.stdout
+
+
 def test_bench_workers_tiny(tokenizer_dir, capsys, monkeypatch):
     bench = load_script(monkeypatch, "bench_workers")
     cells = bench.main(["--requests", "8", "--concurrency", "4", "--stream", "both", "--tokenizer", str(tokenizer_dir)])
@@ -97,8 +112,6 @@ def test_bench_workers_tiny(tokenizer_dir, capsys, monkeypatch):
 def test_cpu_budget_caps_a_process(monkeypatch):
     """A process given 0.1 cores by scripts/cpu_budget.py is throttled by the kernel, and closing the
     budget moves it back and removes the group. (Root, as CI runs; the kernel's counters, not a timing.)"""
-    import subprocess
-    import sys
     import time
 
     budget = load_script(monkeypatch, "cpu_budget")
@@ -122,8 +135,6 @@ def test_cpu_budget_caps_a_process(monkeypatch):
 
 def test_cpu_budget_removes_groups_a_killed_run_left(monkeypatch):
     """kill -9 skips close: the next run removes the dead run's empty groups, not a live run's."""
-    import subprocess
-    import sys
 
     budget = load_script(monkeypatch, "cpu_budget")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
