@@ -1,9 +1,10 @@
 """What the gateway hands the capture writer: typed records, not raw row dicts.
 
 A call is written twice: `CallStart` when it goes upstream (status pending, so a crash leaves it
-visible; with the request as polar sends it, known by then) and `CallEnd` when it ends. The token columns come as a `TokenRecord` whose prompt is already split
-against the session's earlier sequences (`Lineage`), computed by the session state before the write
-and remembered by it only after the write has committed.
+visible; with the request as polar sends it, known by then) and `CallEnd` when it ends. The token
+columns come as a `TokenRecord` whose prompt is already split against the session's earlier sequences
+(`Lineage`), computed by the session state before the write and remembered by it only after the write
+has committed.
 """
 
 from __future__ import annotations

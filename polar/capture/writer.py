@@ -94,6 +94,7 @@ class CaptureWriter:
         self.token, self._lease = _take_lease(self.path)
         self.interrupted = self._reap_dead_writers()
         self._conn.execute("PRAGMA busy_timeout=0")  # writes on the caller's thread never wait for a lock
+        self._wait_ms = 0  # the connection's busy timeout now
         self._patient = False  # whether the connection waits `busy_timeout` for a lock (the writer thread's writes)
         self._bodies = BodyBases()  # request bodies this writer committed, to encode the next ones against
         self._answers = BodyBases(kind="large answers")  # and large response bodies, against the session's earlier answers
@@ -271,10 +272,11 @@ class CaptureWriter:
 
     def _patience(self, patient: bool) -> None:
         """The writer thread waits `busy_timeout` for another process's lock; the caller's thread never does."""
-        if patient or self._patient:  # busy_timeout may have been tuned since: set it each time it waits
-            conn_ms = int(self.busy_timeout * 1000) if patient else 0
-            self._conn.execute(f"PRAGMA busy_timeout={conn_ms}")
-            self._patient = patient
+        wait_ms = int(self.busy_timeout * 1000) if patient else 0  # (busy_timeout may have been tuned since)
+        if wait_ms != self._wait_ms:  # a PRAGMA is a statement like any other: only when it changes
+            self._conn.execute(f"PRAGMA busy_timeout={wait_ms}")
+            self._wait_ms = wait_ms
+        self._patient = patient
 
     def _commit_group(self, work: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         """Commit a group of writes: each write's waiter (None for an arrival) and its outcome. Raises _Locked

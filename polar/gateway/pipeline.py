@@ -238,8 +238,12 @@ class Gateway:
             # Sent before the arrival is written, which then overlaps the upstream's work (mitmproxy's loop starts
             # tasks eagerly: the request is on the wire when create_task returns).
             upstream = asyncio.ensure_future(self.backend.complete(request, call.call_id, view))
-            state.arrive(self.writer)
-            result = await upstream
+            try:
+                state.arrive(self.writer)
+                result = await upstream
+            except BaseException:  # nobody is left to read the answer: the upstream stops working on it
+                upstream.cancel()
+                raise
         state.take(result, time.time() - t_up)
         return route.provider.render(route, parsed.context, request, result)
 

@@ -92,9 +92,9 @@ def test_a_row_that_cannot_be_committed_ends_the_stream_with_an_error_not_its_en
     assert b"event: content_block_delta" in body  # the answer was streaming …
     assert b"event: message_stop" not in body and b'"type":"message_delta"' not in body  # … but never ended
     assert body.rstrip().endswith(b"}") and b"event: error" in body and b"could not record this call" in body
-    # what was captured before is still there, in the file polar had open
+    # what was captured before is still there, in the file polar had open: the call in flight, with its request
     (row,) = CaptureReader(tmp_path / "moved-away.db").calls(session=session)
-    assert row["status"] == "pending"
+    assert row["status"] == "pending" and row["canonical"]["messages"] and row["model"] is None
 
 
 def test_a_settled_stream_lets_go_of_its_request_while_its_reply_lives_on(double_server, tmp_path):
