@@ -23,20 +23,17 @@ Completing a call whose arrival row is missing inserts the row whole.
 SQLite in WAL mode keeps writing, without an error, to a database file deleted or replaced under it:
 the writer checks that its path still names the file it opened and otherwise fails every write.
 
-Several gateways may write one database (an option change, N processes per node). Each writer holds
-a lease (an flock on `<db>.writers/<token>`) and tags the rows it opens, so on start-up only the
-pending rows of writers that died are marked interrupted, never a live gateway's.
+Several gateways may write one database (an option change, N processes per node): each writer holds a
+lease and tags the rows it opens (capture/leases.py), so on start-up only the pending rows of writers that
+died are marked interrupted, never a live gateway's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import json
 import logging
 import os
 import queue
-import secrets
 import sqlite3
 import threading
 import weakref
@@ -46,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar.capture import schema
+from polar.capture import leases, schema
 from polar.capture.bodies import ANSWER_APART, BodyBases, store, write_body
 from polar.capture.dictionaries import Packer
 from polar.capture.records import CallEnd, CallStart, StoredMessage
@@ -91,8 +88,8 @@ class CaptureWriter:
         self._wal = os.open(self.path + "-wal", os.O_RDONLY)  # what an fdatasync makes durable
         self.key_salt = schema.secret(self._conn, "key_salt")
         self.seal_key = schema.secret(self._conn, "seal_key")
-        self.token, self._lease = _take_lease(self.path)
-        self.interrupted = self._reap_dead_writers()
+        self.token, self._lease = leases.take(self.path)
+        self.interrupted = leases.reap_dead_writers(self._conn, self.path, self.token)
         self._conn.execute("PRAGMA busy_timeout=0")  # writes on the caller's thread never wait for a lock
         self._wait_ms = 0  # the connection's busy timeout now
         self._patient = False  # whether the connection waits `busy_timeout` for a lock (the writer thread's writes)
@@ -165,7 +162,7 @@ class CaptureWriter:
             thread.join(timeout=60)
             self._conn.close()
             os.close(self._wal)
-            _drop_lease(self.path, self.token, self._lease)
+            leases.drop(self.path, self.token, self._lease)
 
     def _now(self, item: tuple[Any, Any]) -> Any:
         """Write `item` on this thread when nothing is handed to the writer thread and no one else holds the
@@ -425,26 +422,6 @@ class CaptureWriter:
                 pass
         return CaptureError(f"{type(exc).__name__}: {exc}")
 
-    # -- leases ---------------------------------------------------------------------------
-
-    def _reap_dead_writers(self) -> int:
-        """Mark interrupted the pending rows of writers that no longer hold their lease."""
-        pending = [w for (w,) in self._conn.execute("SELECT DISTINCT writer FROM calls WHERE status='pending'")]
-        dead = [w for w in pending if w != self.token and not _lease_held(self.path, w)]
-        count = 0
-        for writer in dead:
-            cur = self._conn.execute(
-                "UPDATE calls SET status='interrupted', error_kind='interrupted', "
-                "error='the proxy stopped before this call finished' WHERE status='pending' AND writer IS ?",
-                (writer,),
-            )
-            count += cur.rowcount
-            if writer:
-                Path(_lease_dir(self.path), writer).unlink(missing_ok=True)
-        if count:
-            log.warning("marked %d calls from an earlier run as interrupted", count)
-        return count
-
 
 def _settle_futures(items: list[tuple[asyncio.Future, Any]]) -> None:
     """On the waiting loop: resolve its futures (one a caller gave up on is left alone)."""
@@ -471,37 +448,3 @@ def _identity(path: str) -> tuple:
         return st.st_dev, st.st_ino
 
     return one(path), one(path + "-wal")
-
-
-def _lease_dir(path: str) -> str:
-    return path + ".writers"
-
-
-def _take_lease(path: str) -> tuple[str, int]:
-    token = f"{os.getpid()}-{secrets.token_hex(6)}"
-    os.makedirs(_lease_dir(path), exist_ok=True)
-    fd = os.open(os.path.join(_lease_dir(path), token), os.O_CREAT | os.O_RDWR, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.write(fd, json.dumps({"pid": os.getpid()}).encode())
-    return token, fd
-
-
-def _lease_held(path: str, token: str | None) -> bool:
-    if not token:
-        return False  # rows from before leases existed: their writer is long gone
-    try:
-        fd = os.open(os.path.join(_lease_dir(path), token), os.O_RDWR)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing drops a lock we may just have taken
-    return False
-
-
-def _drop_lease(path: str, token: str, fd: int) -> None:
-    Path(_lease_dir(path), token).unlink(missing_ok=True)
-    os.close(fd)
