@@ -57,9 +57,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_proxy as core  # noqa: E402
 from agent_replay import AUTH, Fixture, Session, api_of  # noqa: E402
-from bench_peers import DEFAULT_LITELLM, start_litellm  # noqa: E402
 from bench_profile import PARTS, Profile, Profiler, growth  # noqa: E402
 from bench_storage import measure, prose, unique_tokens  # noqa: E402
+from benchkit.targets import DEFAULT_LITELLM, start_litellm  # noqa: E402
 
 from polar.harnesses import get as harness_of  # noqa: E402
 

@@ -62,8 +62,8 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_peers as peers  # noqa: E402
 import bench_proxy as core  # noqa: E402  (the measurement core)
+from benchkit.targets import DEFAULT_LITELLM, start_litellm  # noqa: E402
 
 CHAT, GENERATE, ANTHROPIC = "chat", "generate", "anthropic"  # what a target's stream looks like
 # Thinking off: the prompt closes the think block, so every sampled token (but the stop id) is answer text.
@@ -518,7 +518,7 @@ def start_targets(work: Path, args: argparse.Namespace, services: list[core.Serv
     proxied = [anthropic_target("polar chat", polar_chat, polar_chat.health_url, "direct chat"),
                anthropic_target("polar token-faithful", polar_tokens, polar_tokens.health_url, "direct generate")]
     if not args.no_litellm:
-        litellm = peers.start_litellm(work, upstream, Path(args.litellm), extra_body=LITELLM_EXTRA)
+        litellm = start_litellm(work, upstream, Path(args.litellm), extra_body=LITELLM_EXTRA)
         services.append(litellm)
         proxied.append(anthropic_target("litellm", litellm, litellm.health_url.removesuffix("/health/liveliness"),
                                         "direct chat"))
@@ -559,7 +559,7 @@ def main(argv: Sequence[str] | None = None) -> list[Figures]:
     ap.add_argument("--sync", choices=["FULL", "NORMAL"], default="FULL", help="polar's capture commit mode")
     ap.add_argument("--tokenizer", default=str(core.DEFAULT_TOKENIZER),
                     help="tokenizer dir: the scripted double's, and polar token-faithful's")
-    ap.add_argument("--litellm", default=str(peers.DEFAULT_LITELLM), help="the LiteLLM proxy's `litellm` executable")
+    ap.add_argument("--litellm", default=str(DEFAULT_LITELLM), help="the LiteLLM proxy's `litellm` executable")
     ap.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
     ap.add_argument("--markdown", action="store_true", help="draw the table as Markdown (for docs/benchmarks.md)")
     argv = list(sys.argv[1:] if argv is None else argv)
