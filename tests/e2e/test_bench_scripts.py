@@ -99,7 +99,7 @@ def test_bench_ab_tiny(tokenizer_dir, capsys, monkeypatch):
     assert list(rounds) == ["direct", "0:HEAD", "1:."]
     assert all(len(cells) == 2 and all(c.ok == 5 and not c.errors for c in cells) for cells in rounds.values())
     assert "Δ added vs 0:HEAD" in out and "command: python scripts/bench_ab.py HEAD ." in out
-    listed = subprocess.run(["git", "-C", str(bench.core.REPO), "worktree", "list"], capture_output=True, text=True)
+    listed = subprocess.run(["git", "-C", str(bench.REPO), "worktree", "list"], capture_output=True, text=True)
     assert "polar-bench-ab-" not in listed.stdout
 
 
