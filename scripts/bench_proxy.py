@@ -28,7 +28,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import args as cli  # noqa: E402
-from benchkit import load, report, targets  # noqa: E402
 from benchkit.load import Cell, run_matrix, streams_of  # noqa: E402
 from benchkit.report import Run, results_table, target_lines  # noqa: E402
 from benchkit.targets import (  # noqa: E402
@@ -39,15 +38,6 @@ from benchkit.targets import (  # noqa: E402
     start_upstream,
     upstream_stats,
 )
-
-
-def __getattr__(name: str) -> object:
-    """The kit's names, for the scripts not yet on benchkit (`import bench_proxy as core`)."""
-    name = {"_ms": "ms", "_descendants": "descendants"}.get(name, name)
-    for module in (targets, load, report, cli):
-        if hasattr(module, name):
-            return getattr(module, name)
-    raise AttributeError(name)
 
 
 def main(argv: Sequence[str] | None = None) -> list[Cell]:
