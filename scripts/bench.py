@@ -3,6 +3,9 @@
 
     python scripts/bench.py --list          # the benchmarks
     python scripts/bench.py peers --help    # a benchmark's flags (docs/benchmarks.md: what each measures)
+
+`upstream` (the scripted vLLM double) and `floor_proxy` (polar's mitmproxy with a one-job addon) are the servers
+the others start (scripts/benchkit/targets.py); run alone, they serve until stopped.
 """
 
 from __future__ import annotations

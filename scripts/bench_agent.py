@@ -53,10 +53,10 @@ from rich.table import Table
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from agent_replay import AUTH, Fixture, Session, api_of  # noqa: E402
-from bench_profile import PARTS, Profile, Profiler, growth  # noqa: E402
 from bench_storage import measure, prose, unique_tokens  # noqa: E402
 from benchkit import args as flags  # noqa: E402
 from benchkit.load import percentile, streams_of  # noqa: E402
+from benchkit.profile import PARTS, Profile, Profiler, growth  # noqa: E402
 from benchkit.report import Run as Bench  # noqa: E402
 from benchkit.report import ms  # noqa: E402
 from benchkit.report import table as new_table  # noqa: E402
