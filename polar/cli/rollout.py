@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from polar.cli.upstreams import joined_upstreams, upstream_options
 from polar.rollout.client import DEFAULT_URL, RolloutClient
 from polar.rollout.node import GatewayNode, NodeConfig
 from polar.rollout.state import RolloutState
@@ -30,7 +31,7 @@ def rollout() -> None:
 @click.option("--port", default=8090, show_default=True, type=int)
 @click.option("--token", envvar="POLAR_ROLLOUT_TOKEN", default=None, help="Bearer token trainers must send.")
 @click.option("--state", "state_path", default="rollout.db", show_default=True, help="Rollout state (SQLite).")
-@click.option("--upstream", default="http://127.0.0.1:8000", show_default=True, help="vLLM base URL.")
+@upstream_options
 @click.option("--upstream-model", default="", help="Served model name (default: ask the upstream).")
 @click.option("--tokenizer", default="", help="Tokenizer dir of the served model (token-faithful prompts).")
 @click.option("--db", default="captures.db", show_default=True, help="Capture database.")
@@ -52,15 +53,17 @@ def rollout() -> None:
 @click.option("--ray-cpus", default=1.0, show_default=True, type=float, help="CPUs each node actor declares.")
 @click.option("--simulate", default=None, type=float, metavar="SCALE",
               help="Dry run: sessions only sleep for their task's metadata.sim durations (× SCALE); no gateway.")
-def serve(host, port, token, state_path, upstream, upstream_model, tokenizer, db, proxy_port, init_workers, ready_size,
-          running_slots, postrun_workers, max_staleness, docker, allow_open_egress, node_grace, ray_address, ray_per_node,
-          ray_cpus, simulate) -> None:
-    """Run the rollout server with one embedded gateway node (polar + the local and, optionally, docker runtimes)."""
+def serve(host, port, token, state_path, upstream, upstream_file, upstream_model, tokenizer, db, proxy_port,
+          init_workers, ready_size, running_slots, postrun_workers, max_staleness, docker, allow_open_egress, node_grace,
+          ray_address, ray_per_node, ray_cpus, simulate) -> None:
+    """Run the rollout server with one embedded gateway node (polar + the local and, optionally, docker runtimes).
+    Several --upstream: the gateway (each Ray node's) routes over that fleet of replicas."""
     from polar.rollout.server import check_binding
     from polar.rollout.server import serve as serve_api
     from polar.rollout.service import LocalNode, RolloutService
 
     check_binding(host, token)
+    upstream = joined_upstreams(upstream, upstream_file)
     config = NodeConfig(init_workers=init_workers, ready_size=ready_size, running_slots=running_slots,
                         postrun_workers=postrun_workers, max_staleness=max_staleness)
     if ray_address:

@@ -10,10 +10,11 @@ from pathlib import Path
 import click
 
 from polar.cli.paths import DEFAULT_TOKENIZER
+from polar.cli.upstreams import joined_upstreams, upstream_options
 
 
 @click.command()
-@click.option("--upstream", default="http://127.0.0.1:8000", show_default=True, help="vLLM base URL.")
+@upstream_options
 @click.option("--upstream-model", default="", help="Served model name (default: ask the upstream).")
 @click.option("--tokenizer", default="", help="Tokenizer dir of the served model: turns on token-faithful prompts.")
 @click.option("--db", default="captures.db", show_default=True, type=click.Path(dir_okay=False), help="Capture database.")
@@ -29,10 +30,12 @@ from polar.cli.paths import DEFAULT_TOKENIZER
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
               help="Gateway processes (one core each) behind one address, every session on one of them (haproxy "
                    "front, reverse mode); worker k captures into DB.wk.db (captures.db → captures.w0.db, …).")
-def proxy(upstream, upstream_model, tokenizer, db, mode, host, port, web, web_port, sets, workers) -> None:
-    """Run the gateway: mitmproxy + the polar addon in front of a vLLM server."""
+def proxy(upstream, upstream_file, upstream_model, tokenizer, db, mode, host, port, web, web_port, sets,
+          workers) -> None:
+    """Run the gateway: mitmproxy + the polar addon in front of a vLLM server (or a fleet of them)."""
     from polar.mitm.proxy import ProxyConfig, serve
 
+    upstream = joined_upstreams(upstream, upstream_file)
     extra = {}
     for item in sets:
         key, sep, value = item.partition("=")

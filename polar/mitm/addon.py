@@ -39,7 +39,8 @@ from polar.mitm.contentview import PolarContentview
 from polar.mitm.relay import StreamRelay
 from polar.providers.base import HttpReply
 from polar.sessions.identity import IDENTITY_HEADERS, REDACTED, SECRET_HEADERS, SessionRegistry
-from polar.upstream.vllm_chat import VLLMChat
+from polar.upstream.fleet.build import upstream_backend
+from polar.upstream.fleet.replicas import upstream_urls
 
 log = logging.getLogger("polar.addon")
 
@@ -72,32 +73,25 @@ def flow_response(reply: HttpReply) -> http.Response:
 WRITER_OPTIONS = {"polar_db", "polar_db_sync", "polar_db_busy_timeout"}
 BACKEND_OPTIONS = {
     "polar_upstream", "polar_upstream_model", "polar_upstream_key", "polar_upstream_timeout",
-    "polar_tokenizer", "polar_chat_template", "polar_token_endpoint",
+    "polar_tokenizer", "polar_chat_template", "polar_token_endpoint", "polar_fleet_imbalance",
 }  # fmt: skip
 PROMPT_OPTIONS = {"polar_tokenizer", "polar_chat_template"}  # change the ids a session's turns hold
 GATEWAY_OPTIONS = {"polar_max_body", "polar_model_aliases", "polar_stream_keepalive", "polar_hot_sessions"}
 
 
-def token_faithful(chat: VLLMChat, tokenizer_dir: str, template_path: str, endpoint: str):
-    from polar.tokens.template import ChatTemplate
-    from polar.upstream.vllm_tokens import TokenFaithful
-
-    template = ChatTemplate.from_dir(tokenizer_dir, template_path or None)
-    template.prepare_long_text()
-    return TokenFaithful(chat, template, endpoint)
-
-
 def build_backend(opts):
-    backend = VLLMChat(
-        opts.polar_upstream,
-        model=opts.polar_upstream_model or None,
-        api_key=opts.polar_upstream_key or None,
-        timeout=opts.polar_upstream_timeout,
-        chat_template=opts.polar_chat_template or None,
+    try:
+        urls = upstream_urls([opts.polar_upstream])
+    except ValueError as exc:
+        raise exceptions.OptionsError(f"polar_upstream: {exc}") from None
+    if not urls:
+        raise exceptions.OptionsError("polar_upstream names no upstream")
+    return upstream_backend(
+        urls, model=opts.polar_upstream_model or None, api_key=opts.polar_upstream_key or None,
+        timeout=opts.polar_upstream_timeout, chat_template=opts.polar_chat_template or None,
+        tokenizer=opts.polar_tokenizer or None, endpoint=opts.polar_token_endpoint,
+        imbalance=opts.polar_fleet_imbalance / 100,
     )
-    if opts.polar_tokenizer:
-        backend = token_faithful(backend, opts.polar_tokenizer, opts.polar_chat_template, opts.polar_token_endpoint)
-    return backend
 
 
 class PolarAddon:
@@ -117,7 +111,12 @@ class PolarAddon:
 
     def load(self, loader) -> None:
         contentviews.add(PolarContentview(lambda: self.gateway))  # the "polar" view of each call in mitmweb
-        loader.add_option("polar_upstream", str, "http://127.0.0.1:8000", "Base URL of the vLLM server.")
+        loader.add_option("polar_upstream", str, "http://127.0.0.1:8000",
+                          "Base URL of the vLLM server; several, comma-separated: a fleet of replicas of one model "
+                          "(session-affine routing, failover: polar/upstream/fleet).")
+        loader.add_option("polar_fleet_imbalance", int, 150,
+                          "Fleet routing: a session stays on (and a new one joins) the replica caching its prefix "
+                          "unless that replica's in-flight tokens exceed this percent of the fleet's mean.")
         loader.add_option("polar_upstream_model", str, "", "Served model name at the upstream ('' = ask its /v1/models).")
         loader.add_option("polar_upstream_key", str, "", "API key polar sends to the upstream (never the client's).")
         # int, not float: mitmproxy's `--set` cannot parse float options.
@@ -357,5 +356,8 @@ def _check(opts, updated: set[str]) -> None:
         choices = opts._options[name].choices
         if choices and getattr(opts, name) not in choices:
             raise exceptions.OptionsError(f"{name} must be one of {', '.join(choices)}, not {getattr(opts, name)!r}")
+    if "polar_fleet_imbalance" in updated and opts.polar_fleet_imbalance < 100:
+        raise exceptions.OptionsError(f"polar_fleet_imbalance is a percent of the mean load, at least 100, "
+                                      f"not {opts.polar_fleet_imbalance}")
     if "polar_hot_sessions" in updated and opts.polar_hot_sessions < 1:
         raise exceptions.OptionsError(f"polar_hot_sessions must be at least 1, not {opts.polar_hot_sessions}")
