@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import itertools
 import json
 import statistics
 import sys
@@ -34,7 +33,7 @@ from polar.canonical import ChatRequest, ChatResult, Message, TextPart, Tool, Us
 from polar.sessions.fingerprints import message_fingerprint  # noqa: E402
 from polar.sessions.state import SessionState, SessionView  # noqa: E402
 from polar.upstream.fleet.backend import FleetBackend  # noqa: E402
-from polar.upstream.fleet.routing import Placement, Router, call_shape  # noqa: E402
+from polar.upstream.fleet.routing import RoundRobin, call_shape  # noqa: E402
 
 SYSTEM = "You are a coding agent. Work in the repository, run the tests, and fix what fails. " * 40
 TOOLS = [Tool(name=name, description=f"{name} in the workspace", parameters={"type": "object"})
@@ -86,17 +85,6 @@ class ScriptedReplica:
         pass
 
 
-class RoundRobin(Router):
-    """Every call to the next replica in turn: what a router that knows no sessions does."""
-
-    def __init__(self, replicas, imbalance: float = 1.5):
-        super().__init__(replicas, imbalance)
-        self._next = itertools.cycle(self.replicas)
-
-    def place(self, shape, exclude=()):
-        return Placement(next(self._next), "least-loaded")
-
-
 def _request(task: int, turns: list[str]) -> ChatRequest:
     messages = [Message(role="system", content=[TextPart(text=SYSTEM)]),
                 Message(role="user", content=[TextPart(text=f"Task {task}: the tests in module {task} fail. " * 20)])]
@@ -107,9 +95,9 @@ def _request(task: int, turns: list[str]) -> ChatRequest:
 
 
 async def run(replicas: int, sessions: int, turns: int, samples: int, round_robin: bool, tick: float,
-              cache_tokens: int) -> dict:
+              cache_tokens: int, imbalance: float) -> dict:
     doubles = [ScriptedReplica(cache_tokens, tick) for _ in range(replicas)]
-    fleet = FleetBackend([(f"http://replica-{i}", d) for i, d in enumerate(doubles)])
+    fleet = FleetBackend([(f"http://replica-{i}", d) for i, d in enumerate(doubles)], imbalance)
     if round_robin:
         fleet.router = RoundRobin(fleet.replicas)
     costs: list[float] = []
@@ -150,7 +138,7 @@ async def run(replicas: int, sessions: int, turns: int, samples: int, round_robi
     status = fleet.status()
     return {
         "routing": "round-robin" if round_robin else "polar",
-        "replicas": replicas, "sessions": sessions, "calls": len(costs), "wall_s": round(wall, 2),
+        "replicas": replicas, "sessions": sessions, "imbalance": imbalance, "calls": len(costs), "wall_s": round(wall, 2),
         "routing_us_median": round(statistics.median(costs) * 1e6, 1),
         "routing_us_p99": round(sorted(costs)[int(len(costs) * 0.99) - 1] * 1e6, 1),
         "affinity_kept": round(kept / max(kept + moved, 1), 4),
@@ -170,10 +158,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--samples", type=int, default=8, help="sessions per task (samples of one prompt)")
     parser.add_argument("--tick", type=float, default=0.01, help="scripted seconds per 1000 prefilled tokens")
     parser.add_argument("--cache-tokens", type=int, default=400_000, help="each replica's prefix cache, tokens")
+    parser.add_argument("--imbalance", type=float, default=1.5, help="the bound (polar_fleet_imbalance / 100)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     results = [asyncio.run(run(args.replicas, args.sessions, args.turns, args.samples, rr, args.tick,
-                               args.cache_tokens)) for rr in (False, True)]
+                               args.cache_tokens, args.imbalance)) for rr in (False, True)]
     if args.json:
         print(json.dumps(results, indent=1))
     else:

@@ -134,10 +134,14 @@ def status(server, token) -> None:
 
 
 def unhealthy_lines(status: dict) -> list[str]:
-    """One line per node the service cannot hear (or has lost for good): since when and why."""
-    return [f"node {n.get('node')} lost since {n.get('unhealthy_since')}: {n.get('last_error')}" if n.get("lost")
-            else f"node {n.get('node')} unhealthy since {n.get('unhealthy_since')} ({n.get('failures')} failures): "
-            f"{n.get('last_error')}" for n in status.get("nodes", []) if n.get("healthy") is False]
+    """One line per node the service cannot hear (or has lost for good): since when and why; one per upstream
+    replica a node's fleet has taken out."""
+    lines = [f"node {n.get('node')} lost since {n.get('unhealthy_since')}: {n.get('last_error')}" if n.get("lost")
+             else f"node {n.get('node')} unhealthy since {n.get('unhealthy_since')} ({n.get('failures')} failures): "
+             f"{n.get('last_error')}" for n in status.get("nodes", []) if n.get("healthy") is False]
+    return lines + [f"node {n.get('node')}: upstream replica {r['url']} out since {r.get('out_since')}: "
+                    f"{r.get('last_error')}" for n in status.get("nodes", [])
+                    for r in (n.get("fleet") or {}).get("replicas", []) if not r.get("up")]
 
 
 def _serve_on_ray(address: str, config: NodeConfig, phases: dict, per_node: int, cpus: float, state_path: str,

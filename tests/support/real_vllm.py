@@ -137,6 +137,16 @@ def real_vllm_server(
 ) -> Iterator[str]:
     """Serve the tiny model with scripts/serve_vllm_cpu.sh (on `port`, else a free one), with the model's own
     chat template or `chat_template` (a real one: its tool-call parser follows); yield the base URL; stop it."""
+    url, pid = launch_real_vllm(model_dir, max_model_len, chat_template, port)
+    try:
+        yield url
+    finally:
+        stop_real_vllm(pid)
+
+
+def launch_real_vllm(model_dir: Path | None = None, max_model_len: int = MAX_MODEL_LEN,
+                     chat_template: Path | None = None, port: int | None = None) -> tuple[str, int]:
+    """As real_vllm_server, without the stopping: (base URL, the process group to stop with stop_real_vllm)."""
     require_vllm_venv()
     model = ensure_tiny_model(model_dir)
     port = port or free_port()
@@ -163,10 +173,7 @@ def real_vllm_server(
         pytest.fail(f"vLLM did not start:\n{start.stdout}\n{start.stderr}", pytrace=False)
     pid = int(start.stdout.split()[-1])
     print(f"vLLM cold start {time.monotonic() - started:.0f}s ({Path(chat_template).stem if chat_template else 'model template'})")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        _stop(pid)
+    return f"http://127.0.0.1:{port}", pid
 
 
 class OneServer:
@@ -208,7 +215,7 @@ def _reused_urls() -> dict[str, str]:
     return {name.strip(): url.strip().rstrip("/") for name, url in urls.items()}
 
 
-def _stop(pid: int) -> None:
+def stop_real_vllm(pid: int) -> None:
     """SIGTERM the server's process group (API server + engine core), SIGKILL it if it lingers."""
     try:
         os.killpg(pid, signal.SIGTERM)

@@ -14,6 +14,7 @@ replicas: no I/O, no lock (it runs on the proxy's event loop).
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -126,3 +127,19 @@ class Router:
             self._prefixes[key] = replica
             if len(self._prefixes) > MAX_PREFIXES:
                 self._prefixes.popitem(last=False)
+
+
+class RoundRobin(Router):
+    """Every call to the next replica in turn, sessions and prefixes unknown: what a generic router does (the
+    benchmarks' and tests' baseline for the prefix-cache hit rate)."""
+
+    def __init__(self, replicas: Sequence[Replica], imbalance: float = 1.5):
+        super().__init__(replicas, imbalance)
+        self._turn = itertools.cycle(self.replicas)
+
+    def place(self, shape: CallShape, exclude: Sequence[Replica] = ()) -> Placement | None:
+        for _ in self.replicas:
+            replica = next(self._turn)
+            if replica.up and replica not in exclude:
+                return Placement(replica, "least-loaded")
+        return None
