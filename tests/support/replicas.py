@@ -57,10 +57,17 @@ class DoubleProcess:
         httpx.post(f"{self.url}/_double/{what}", json=body, timeout=10).raise_for_status()
 
 
-def start_doubles(tokenizer_dir: Path, count: int, token_delay: float = 0.0) -> list[DoubleProcess]:
-    doubles = [DoubleProcess(tokenizer_dir, token_delay=token_delay) for _ in range(count)]
-    for double in doubles:
-        double.launch()
-    for double in doubles:
-        double.wait_ready()
-    return doubles
+class InProcessDouble:
+    """The double in this process (cheaper to start than a process; it cannot be killed as one)."""
+
+    def __init__(self, tokenizer_dir: Path):
+        from polar.doubles.scripted_vllm import BackgroundServer, ScriptedVLLM
+
+        self.server = BackgroundServer(ScriptedVLLM(tokenizer_dir, "polar-tiny").app)
+        self.url = self.server.start()
+
+    def post(self, what: str, body: dict) -> None:
+        httpx.post(f"{self.url}/_double/{what}", json=body, timeout=10).raise_for_status()
+
+    def kill(self) -> None:
+        self.server.stop()

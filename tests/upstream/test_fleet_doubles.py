@@ -14,11 +14,11 @@ import pytest
 
 from polar.capture.reader import CaptureReader
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
-from tests.support.replicas import DoubleProcess, start_doubles
+from tests.support.replicas import DoubleProcess, InProcessDouble
 
 
 class Fleet:
-    def __init__(self, doubles: list[DoubleProcess], proxy: SubprocessProxy, db):
+    def __init__(self, doubles: list[DoubleProcess | InProcessDouble], proxy: SubprocessProxy, db):
         self.doubles, self.proxy, self.db = doubles, proxy, db
         self.client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-test", max_retries=0, timeout=60)
 
@@ -49,7 +49,10 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tokenizer_dir, tmp_path_factory):
-    doubles = start_doubles(tokenizer_dir, 3)
+    killable = DoubleProcess(tokenizer_dir)  # the one the kill test kills: a process of its own
+    killable.launch()
+    doubles = [InProcessDouble(tokenizer_dir), InProcessDouble(tokenizer_dir), killable]
+    killable.wait_ready()
     db = tmp_path_factory.mktemp("fleet") / "captures.db"
     proxy = SubprocessProxy(ProxyConfig(upstream=",".join(d.url for d in doubles), db=str(db), port=free_port(),
                                         tokenizer=str(tokenizer_dir), extra={"polar_upstream_timeout": 20}))
@@ -152,12 +155,13 @@ def test_a_replica_killed_mid_run_loses_no_session_and_no_capture(fleet):
     threads = [threading.Thread(target=run, args=(name,)) for name in names]
     for thread in threads:
         thread.start()
-    time.sleep(1.5)
-    by_replica: dict[str, int] = {}
-    for row in fleet.rows():
-        if row["session_id"] in names:
-            by_replica[row["replica"]] = by_replica.get(row["replica"], 0) + 1
-    victim = next(d for d in fleet.doubles if d.url == max(by_replica, key=by_replica.get))
+    victim = next(d for d in fleet.doubles if isinstance(d, DoubleProcess))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until it has served some session's first turn
+        if any(r["session_id"] in names and r["replica"] == victim.url for r in fleet.rows()):
+            break
+        time.sleep(0.1)
+    time.sleep(0.3)  # (and is in the middle of more)
     kill_at.append(time.time())
     victim.kill()
     for thread in threads:
