@@ -145,8 +145,10 @@ def real_vllm_server(
 
 
 def launch_real_vllm(model_dir: Path | None = None, max_model_len: int = MAX_MODEL_LEN,
-                     chat_template: Path | None = None, port: int | None = None) -> tuple[str, int]:
-    """As real_vllm_server, without the stopping: (base URL, the process group to stop with stop_real_vllm)."""
+                     chat_template: Path | None = None, port: int | None = None,
+                     env: dict[str, str] | None = None) -> tuple[str, int]:
+    """As real_vllm_server, without the stopping: (base URL, the process group to stop with stop_real_vllm).
+    `env`: more for scripts/serve_vllm_cpu.sh (e.g. VLLM_SERVER_DEV_MODE, POLAR_VLLM_ARGS)."""
     require_vllm_venv()
     model = ensure_tiny_model(model_dir)
     port = port or free_port()
@@ -156,7 +158,7 @@ def launch_real_vllm(model_dir: Path | None = None, max_model_len: int = MAX_MOD
         "POLAR_SERVED_MODEL": SERVED_MODEL,
         "POLAR_VLLM_LOG": str(log),
         "POLAR_VLLM_TIMEOUT": str(STARTUP_TIMEOUT),
-    }
+    } | (env or {})
     if chat_template is not None:  # the last --tool-call-parser wins over the script's default
         parser = REAL_TEMPLATES.get(Path(chat_template).stem, "qwen3_coder")
         extra = f"--chat-template {chat_template} --tool-call-parser {parser}"

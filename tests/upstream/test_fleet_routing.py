@@ -61,13 +61,21 @@ def test_new_sessions_go_where_their_prefix_is_unless_that_replica_is_loaded_bey
     first = router.place(CallShape("a", task, 500)).replica
     # Samples of the same task, one after another: all where the first one's prefix is cached.
     assert {router.place(CallShape(f"b{i}", task, 500)).replica for i in range(5)} == {first}
-    # Same system prompt and tools, another task: the harness-level key still finds it.
-    assert router.place(CallShape("c", ("task-8", "harness"), 500)).why == "prefix"
+    # Same system prompt and tools, another task: not onto a replica already holding more than 1.5 x the mean
+    # number of sessions; the next one finds the harness where that one went.
+    other = router.place(CallShape("c", ("task-8", "harness"), 500))
+    assert other.why == "least-loaded" and other.replica is not first
+    assert router.place(CallShape("c2", ("task-9", "harness"), 500)) == type(other)(other.replica, "prefix")
+    # A slow trickle of tasks of one harness (nothing in flight): sessions stay within the bound too.
+    for i in range(40):
+        router.place(CallShape(f"t{i}", (f"trickle-{i}", "harness"), 500))
+    held = router.sessions_on()
+    assert max(held.values()) <= 1.5 * sum(held.values()) / 4 + 1, held
     # All launched at once (each call in flight while the next is placed): the bound spreads them.
     holds = []
     placed = []
     for i in range(12):
-        p = router.place(CallShape(f"d{i}", ("task-9", "harness"), 1000))
+        p = router.place(CallShape(f"d{i}", ("task-10", "harness"), 1000))
         placed.append(p.replica)
         holds.append(p.replica.hold(1000))
     loads = sorted(r.load for r in replicas)

@@ -4,10 +4,12 @@ least loaded — every choice within an imbalance bound on in-flight tokens.
 A session's KV cache sits on the replica that served its last call: its next call goes there while that
 replica is in and not overloaded. A new session goes where other sessions with the same prompt start went:
 first the same system prompt, tools and first message (the N samples of one task), then the same system
-prompt and tools (one harness), unless that replica is overloaded. Otherwise the least loaded replica by
-in-flight tokens (ties: the one holding fewer sessions). Overloaded: its in-flight tokens exceed `imbalance`
-x the mean over the replicas in, plus the call's own tokens (one call's slack: with few calls in flight, a
-session would otherwise leave its cache because of one other call). Routing is a few dict lookups and a pass over the
+prompt and tools (one harness), unless that replica is overloaded — and, for the harness alone, unless it
+holds more than `imbalance` x the mean number of sessions (every session of a harness shares that prefix:
+in-flight tokens alone would pile a slow trickle of sessions onto one replica). Otherwise the least loaded
+replica by in-flight tokens (ties: the one holding fewer sessions). Overloaded: its in-flight tokens exceed
+`imbalance` x the mean over the replicas in, plus the call's own tokens (one call's slack: with few calls in
+flight, a session would otherwise leave its cache because of one other call). Routing is a few dict lookups and a pass over the
 replicas: no I/O, no lock (it runs on the proxy's event loop).
 """
 
@@ -86,9 +88,11 @@ class Router:
         else:
             placement = None
             if home is None:  # a new session: where its prefix went, within the bound
-                for key in shape.prefixes:
+                held_bound = self.imbalance * sum(self._held.get(r, 0) for r in up) / len(up)
+                for n, key in enumerate(shape.prefixes):
                     prefix_home = self._prefixes.get(key)
-                    if prefix_home is not None and prefix_home in up and prefix_home.load <= bound:
+                    if (prefix_home is not None and prefix_home in up and prefix_home.load <= bound
+                            and (n == 0 or self._held.get(prefix_home, 0) <= held_bound)):
                         placement = Placement(prefix_home, "prefix")
                         break
             if placement is None:
