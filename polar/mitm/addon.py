@@ -171,8 +171,8 @@ class PolarAddon:
         # handlers replace the ones mitmproxy's main installed, which shut down at once, cutting calls in flight).
         shutdown.install(ctx.master, self)
         # What start-up built (mitmproxy, transformers, the template, ~200k objects) lives as long as the
-        # process: out of the collector's sight, a full collection no longer walks it. Each one cost
-        # ~150 ms, triggered by the objects an agent-sized request decodes to (py-spy: a 1.8x bucket).
+        # process: out of the collector's sight, a full collection no longer walks it. The objects an
+        # agent-sized request decodes to trigger full collections often, each walking all of start-up's.
         gc.freeze()
 
     def configure(self, updated: set[str]) -> None:
