@@ -160,11 +160,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--cache-tokens", type=int, default=400_000, help="each replica's prefix cache, tokens")
     parser.add_argument("--imbalance", type=float, default=1.5, help="the bound (polar_fleet_imbalance / 100)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="the table as docs/benchmarks.md holds it")
     args = parser.parse_args(argv)
     results = [asyncio.run(run(args.replicas, args.sessions, args.turns, args.samples, rr, args.tick,
                                args.cache_tokens, args.imbalance)) for rr in (False, True)]
     if args.json:
         print(json.dumps(results, indent=1))
+    elif args.markdown:
+        print("| routing | replicas | sessions | calls | routing µs/call p50 / p99 | affinity kept | tokens served "
+              "max/mean | sessions per replica | prefix-cache hit rate (modelled) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in results:
+            held = "–" if r["routing"] == "round-robin" else "/".join(str(p["sessions"]) for p in r["per_replica"])
+            print(f"| {r['routing']} | {r['replicas']} | {r['sessions']} | {r['calls']} | {r['routing_us_median']} / "
+                  f"{r['routing_us_p99']} | {r['affinity_kept']:.1%} | {r['served_max_over_mean']} | {held} | "
+                  f"{r['prefix_hit_rate']:.1%} |")
     else:
         for r in results:
             print(f"{r['routing']:>11}: {r['calls']} calls on {r['replicas']} replicas, {r['sessions']} sessions; "
