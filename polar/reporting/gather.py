@@ -144,6 +144,15 @@ class RunData:
     def breaks(self) -> int:
         return sum(len(d.breaks) for d in self.drift or [])
 
+    def add_replica_metrics(self, metrics: dict[str, dict[str, float] | None]) -> None:
+        """Each fleet replica's vLLM metrics (by URL) onto its row; a replica no capture names gets one."""
+        by_url = {r.replica: r for r in self.replicas}
+        for url, found in metrics.items():
+            if url not in by_url:
+                by_url[url] = ReplicaStats(url)
+                self.replicas.append(by_url[url])
+            by_url[url].metrics = found
+
     def by_policy_version(self) -> dict[int, list[SessionStats]]:
         """Finished sessions by the policy version they ran under (a trainer's run: its learning curve),
         versions in order; sessions with no version are left out."""

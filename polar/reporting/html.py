@@ -290,11 +290,18 @@ def _replicas(data: RunData) -> Section:
     section = Section("replicas", "Fleet replicas",
                       "Each upstream replica's share of the run, from the capture rows: calls it answered or failed, "
                       "calls it failed that another replica then answered, sessions, tokens, the policy versions "
-                      "its samples carry. Live load and vLLM's prefix-cache hit rate are in `polar rollout status`.")
+                      "its samples carry; with `--upstream`, each server's vLLM prefix-cache hit rate since it started. "
+                      "Live load is in `polar rollout status`.")
     rows = [[r.replica, r.calls, r.ok, r.failed, r.failed_over, len(r.sessions), r.prompt_tokens, r.sampled_tokens,
              ", ".join(sorted(r.policy_versions)) or "–"] for r in data.replicas]
-    section.tables = [Table.of("per replica", ["replica", "calls", "ok", "failed", "failed over", "sessions",
-                                               "prompt tokens", "sampled tokens", "policy versions"], rows)]
+    header = ["replica", "calls", "ok", "failed", "failed over", "sessions", "prompt tokens", "sampled tokens",
+              "policy versions"]
+    if any(r.metrics is not None for r in data.replicas):  # `polar report --upstream`: read from vLLM now
+        header.append("vLLM prefix-cache hit rate")
+        for row, r in zip(rows, data.replicas, strict=True):
+            rate = r.prefix_cache_hit_rate
+            row.append("no answer" if r.metrics is None else "–" if rate is None else f"{rate:.1%}")
+    section.tables = [Table.of("per replica", header, rows)]
     return section
 
 

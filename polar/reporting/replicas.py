@@ -20,6 +20,13 @@ class ReplicaStats:
     sampled_tokens: int = 0
     sessions: set[str] = field(default_factory=set)
     policy_versions: set[str] = field(default_factory=set)
+    metrics: dict[str, float] | None = None  # its vLLM's /metrics when the report was written, if asked for
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """vLLM's own: cached prompt tokens over queried ones, since the server started."""
+        queries = (self.metrics or {}).get("prefix_cache_queries")
+        return self.metrics["prefix_cache_hits"] / queries if queries else None
 
 
 def replica_stats(rows: Iterable[dict[str, Any]]) -> list[ReplicaStats]:
