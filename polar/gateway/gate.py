@@ -27,6 +27,7 @@ class SamplingGate:
         self._idle.set()
         self.before_resume: Callable[[str], Awaitable[None]] | None = None
         self._resuming: asyncio.Task | None = None
+        self._checked: str | None = None  # the last version before_resume completed for
 
     def pause(self) -> None:
         if self._resuming is not None:
@@ -34,21 +35,24 @@ class SamplingGate:
         self._open.clear()
 
     def resume(self, policy_version: str | None = None) -> None:
-        changed = policy_version is not None and policy_version != self.policy_version
         if policy_version is not None:
             self.policy_version = policy_version
-        if changed and self.before_resume is not None:
-            self._resuming = asyncio.get_running_loop().create_task(self._open_after(self.before_resume(policy_version)))
+        version = self.policy_version
+        if self.before_resume is not None and version is not None and version != self._checked:
+            if self._resuming is not None:
+                self._resuming.cancel()
+            self._resuming = asyncio.get_running_loop().create_task(self._open_after(version))
             return
         self._open.set()
 
-    async def _open_after(self, ready: Awaitable[None]) -> None:
+    async def _open_after(self, version: str) -> None:
         try:
-            await ready
+            await self.before_resume(version)
+            self._checked = version
         except asyncio.CancelledError:  # paused again meanwhile: stays shut
             return
         except Exception:  # noqa: BLE001 — a check that failed must not keep the gate shut for good
-            log.exception("the check before resuming failed; resuming anyway")
+            log.exception("the check before resuming under %s failed; resuming anyway", version)
         self._resuming = None
         self._open.set()
 

@@ -86,3 +86,32 @@ def test_sampling_resumes_only_on_replicas_serving_the_new_version_and_a_fixed_o
 
     with WeightServer() as good, WeightServer() as bad:
         asyncio.run(scenario(good, bad))
+
+
+def test_a_resume_cut_short_by_a_pause_checks_again_before_opening():
+    async def scenario() -> None:
+        checks: list[str] = []
+        release = asyncio.Event()
+
+        async def check(version: str) -> None:
+            checks.append(version)
+            await release.wait()
+
+        gate = SamplingGate()
+        gate.before_resume = check
+        gate.pause()
+        gate.resume("6")
+        await asyncio.sleep(0.05)
+        gate.pause()  # the trainer changed its mind while the fleet was being asked
+        gate.resume("6")
+        await asyncio.sleep(0.05)
+        assert checks == ["6", "6"] and not gate._open.is_set()
+        release.set()
+        async with asyncio.timeout(5):
+            async with gate.sampling():
+                pass
+        gate.pause()
+        gate.resume("6")  # checked already: opens at once
+        assert gate._open.is_set() and checks == ["6", "6"]
+
+    asyncio.run(scenario())
