@@ -31,18 +31,19 @@ TEMPLATE_SIGNS = {
 
 def pytest_configure(config: pytest.Config) -> None:
     """Before any xdist worker starts: mitmproxy's CA, which every in-process proxy of every worker reads (two
-    proxies creating it at once would leave a key that does not match its certificate)."""
+    proxies creating it at once would leave a key that does not match its certificate); the test groups."""
     if not hasattr(config, "workerinput"):
         from mitmproxy import certs
         from mitmproxy.addons.tlsconfig import CONF_BASENAME
         from mitmproxy.options import KEY_SIZE
 
         certs.CertStore.from_store(Path.home() / ".mitmproxy", CONF_BASENAME, KEY_SIZE)
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(scheduling.Plugin(), "polar-scheduling")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids (its hook has no order)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    scheduling.schedule(config, items)
+    scheduling.deselect_off_the_matrix(config, items)
 
 
 def templates_dir() -> Path:
