@@ -29,7 +29,7 @@ from polar.runtime.local import LocalRuntime
 from polar.trajectories.builders import prefix_merge
 from polar.trajectories.model import Trajectory
 
-WORKDIR = "/work"
+WORKDIR = "/work"  # the default TaskSpec.workdir
 _GIT = ["git", "-c", "user.email=rollout@polar.invalid", "-c", "user.name=polar", "-c", "commit.gpgsign=false"]
 
 
@@ -150,14 +150,14 @@ class SessionPhases:
         if image != task.image:  # the evaluator's clean copy runs in the same image
             spec = spec.model_copy(update={"task": task.model_copy(update={"image": image})})
         ctx = SessionContext(session_id=spec.capture_id, api_key="sk-polar-" + secrets.token_hex(16),
-                             base_url=self.env.polar_urls.get(task.runtime, self.env.polar_url), workdir=WORKDIR,
+                             base_url=self.env.polar_urls.get(task.runtime, self.env.polar_url), workdir=task.workdir,
                              model=task.model, python=self.env.pythons.get(task.runtime, "python3"))
-        sandbox = runtime.start(SandboxSpec(image=image or "", session=spec.capture_id, workdir=WORKDIR,
+        sandbox = runtime.start(SandboxSpec(image=image or "", session=spec.capture_id, workdir=task.workdir,
                                             ca_cert=Path(self.env.ca_cert) if self.env.ca_cert else None))
         prepared = Prepared(spec, sandbox, runtime, harness, evaluator, ctx)
         try:
             if task.repo:
-                sandbox.copy_in(task.repo, WORKDIR)
+                sandbox.copy_in(task.repo, task.workdir)
             prepared.has_git = self._baseline(sandbox)
             write_files(sandbox, harness.files())
             for target, source in harness.host_files(ctx).items():

@@ -42,6 +42,8 @@ class TaskSpec(_Model):
     repo: str | None = None  # host directory copied into the session's workdir
     # The container image; None: Docker builds one for the harness (its CLI, git, python3, pytest).
     image: str | None = None  # ignored by the local runtime
+    # Where the repository is (and the harness works): a SWE-bench instance image has it at /testbed.
+    workdir: str = Field(default="/work", pattern=r"^/[A-Za-z0-9._/-]*$")
     harness: Named = Field(default_factory=lambda: Named(name="python-agent"))
     runtime: str = "local"
     evaluator: Named = Field(default_factory=lambda: Named(name="completed"))
