@@ -103,3 +103,64 @@ def evaluate(task_path: Path, task_id: str | None, patch_path: Path, as_json: bo
             kind = "FAIL_TO_PASS" if test in instance["FAIL_TO_PASS"] else "PASS_TO_PASS"
             click.echo(f"  {kind:12} {outcome:8} {test}")
     sys.exit(0 if graded.resolved else 1)
+
+
+@click.group("tasks")
+def tasks() -> None:
+    """Task sets in other formats, as polar tasks."""
+
+
+@tasks.command("import")
+@click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["swebench"]), required=True,
+              help="swebench: rows in the SWE-bench schema (JSONL, JSON or Parquet as `datasets` writes them).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The tasks JSONL written.")
+@click.option("--repos", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Local mirror holding <owner>/<name> git clones: instances without an image are built from it.")
+@click.option("--image-template", default=None,
+              help="The instance image's name: {instance_id}, {instance_key} (lower-case, `__` as `_1776_`), "
+                   "{repo}, {version}. Default: swebench's own, swebench/sweb.eval.x86_64.{instance_key}:latest.")
+@click.option("--runtime", type=click.Choice(["docker", "local"]), default="docker", show_default=True,
+              help="local: each task copies a checkout at base_commit (under --checkouts) and runs the host's Python.")
+@click.option("--checkouts", type=click.Path(file_okay=False, path_type=Path),
+              help="Where --runtime local puts the checkouts (default: <out>.repos/ beside the tasks file).")
+@click.option("--harness", default="python-agent", show_default=True, help="The harness the tasks run.")
+@click.option("--samples", default=1, show_default=True, type=click.IntRange(1, 1024), help="Sessions per task.")
+def import_tasks(source: Path, fmt: str, out: Path, repos: Path | None, image_template: str | None, runtime: str,
+                 checkouts: Path | None, harness: str, samples: int) -> None:
+    """Write SOURCE's rows as polar tasks. A row that cannot be imported gets an error line on stderr and the
+    others still import; the exit status is 1 when any row failed."""
+    from polar.rollout.swebench_import import IMAGE_TEMPLATE, import_rows, read_rows
+    from polar.rollout.tasks import Named
+
+    try:
+        rows = list(read_rows(source))
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(f"{source}: {exc}") from None
+    client = None
+    if runtime == "docker":
+        from polar.runtime.base import RuntimeUnavailable
+        from polar.runtime.docker_runtime import connect
+
+        try:
+            client = connect()
+        except RuntimeUnavailable as exc:
+            raise click.ClickException(f"{exc} (or import with --runtime local)") from None
+    out_dir = out.resolve().parent
+    checkouts = (checkouts or out.with_name(out.name + ".repos")).resolve()
+    written = failed = 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        for item in import_rows(rows, runtime=runtime, repos=repos, template=image_template or IMAGE_TEMPLATE,
+                                harness=Named(name=harness), client=client, checkouts=checkouts, out_dir=out_dir):
+            if item.task is None:
+                failed += 1
+                click.echo(f"{item.instance_id}: error: {item.error}", err=True)
+                continue
+            task = item.task.model_copy(update={"samples": samples})
+            f.write(task.model_dump_json(exclude_defaults=False) + "\n")
+            written += 1
+            click.echo(f"{item.instance_id}: {task.image or task.repo}"
+                       f"{f' ({item.image_origin})' if item.image_origin else ''}", err=True)
+    click.echo(f"imported {written} of {len(rows)} rows into {out}" + (f"; {failed} failed" if failed else ""))
+    sys.exit(1 if failed else 0)

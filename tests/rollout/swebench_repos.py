@@ -72,9 +72,19 @@ def _diff(repo: Path, files: dict[str, str]) -> str:
     return diff
 
 
+METAS = {
+    "django": {"repo": "django/django", "version": "3.0", "instance_id": "django__django-90001"},
+    "pytest": {"repo": "pytest-dev/pytest", "version": "5.4", "instance_id": "pytest-dev__pytest-90002"},
+    "custom": {"repo": "acme/textkit", "version": "0.1", "instance_id": "acme__textkit-7", "test_cmd": "pytest -rA",
+               "log_parser": "parse_log_pytest"},
+}
+
+
 def build(root: Path, kind: str) -> Instance:
-    """kind: `django` (unittest, Django-style runner), `pytest`, or `custom` (a repo swebench does not know)."""
-    repo = root / kind
+    """kind: `django` (unittest, Django-style runner), `pytest`, or `custom` (a repo swebench does not know).
+    The clone is `root/<owner>/<name>`, the layout of a `--repos` mirror."""
+    meta = METAS[kind]
+    repo = root / meta["repo"]
     repo.mkdir(parents=True)
     _git(repo, "init", "-q")
     (repo / "calc").mkdir()
@@ -88,16 +98,11 @@ def build(root: Path, kind: str) -> Instance:
         test_file, base_tests, new_tests = "tests/calc_tests/test_ops.py", UNITTEST_BASE, UNITTEST_NEW
         name = "calc_tests.test_ops.OpsTests.{0}"
         ids = {t: f"{t} ({name.format(t)})" for t in ("test_sub", "test_add", "test_mul")}
-        meta = {"repo": "django/django", "version": "3.0", "instance_id": "django__django-90001"}
     else:
         (repo / "testing").mkdir()
         test_file, base_tests, new_tests = "testing/test_ops.py", PYTEST_BASE, PYTEST_NEW
         (repo / "conftest.py").write_text("")  # the repository root on sys.path, as an installed package would be
         ids = {t: f"{test_file}::{t}" for t in ("test_sub", "test_add", "test_mul")}
-        meta = ({"repo": "pytest-dev/pytest", "version": "5.4", "instance_id": "pytest-dev__pytest-90002"}
-                if kind == "pytest" else
-                {"repo": "acme/textkit", "version": "0.1", "instance_id": "acme__textkit-7",
-                 "test_cmd": "pytest -rA", "log_parser": "parse_log_pytest"})
     (repo / test_file).write_text(base_tests)
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "base")

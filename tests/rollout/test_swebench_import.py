@@ -1,0 +1,118 @@
+"""`polar tasks import --format swebench`: rows as `datasets` writes them (JSONL with JSON-string lists,
+Parquet with lists) into tasks that `polar evaluate` and the rollout grade; a bad row is an error line."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from polar.cli import main
+from polar.rollout.swebench_eval import normalise, swebench_spec
+from polar.rollout.swebench_import import IMAGE_TEMPLATE, image_name
+from polar.rollout.tasks import load_tasks
+from tests.rollout.swebench_repos import build
+
+KINDS = ("django", "pytest", "custom")
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mirror")
+    return root, {kind: build(root, kind) for kind in KINDS}
+
+
+def bad_rows(instances) -> list[dict]:
+    good = instances["pytest"].row
+    return [{**good, "instance_id": "nomirror__x-1", "repo": "nomirror/x"},  # no clone of it
+            {**good, "instance_id": "pytest-dev__pytest-90009", "base_commit": "0" * 40},  # not in the clone
+            {k: v for k, v in {**good, "instance_id": "broken__row-2"}.items() if k != "test_patch"}]
+
+
+def test_default_image_name_is_swebenchs_own_convention(mirror):
+    _, instances = mirror
+    for inst in instances.values():
+        spec = swebench_spec(normalise(inst.row))
+        spec.namespace = "swebench"
+        assert image_name(IMAGE_TEMPLATE, inst.row) == spec.instance_image_key
+    assert image_name(IMAGE_TEMPLATE, {"instance_id": "django__django-11099", "repo": "django/django"}) == \
+        "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+
+
+def test_parquet_and_jsonl_rows_import_and_grade(mirror, tmp_path):
+    import datasets
+
+    root, instances = mirror
+    rows = [inst.row for inst in instances.values()] + bad_rows(instances)
+    parquet = tmp_path / "rows.parquet"  # lists as lists, the way datasets writes a loaded split
+    columns = {k: None for r in rows for k in r}  # every row with every column, the others' as nulls
+    datasets.Dataset.from_list([{**columns, **r, "FAIL_TO_PASS": json.loads(r["FAIL_TO_PASS"]),
+                                 "PASS_TO_PASS": json.loads(r["PASS_TO_PASS"])} for r in rows[:3]]).to_parquet(parquet)
+    jsonl = tmp_path / "rows.jsonl"  # lists as JSON strings, as in SWE-bench's own files
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runner = CliRunner()
+    done = runner.invoke(main, ["tasks", "import", "--format", "swebench", str(parquet), "--out",
+                                str(tmp_path / "a" / "tasks.jsonl"), "--runtime", "local", "--repos", str(root)])
+    assert done.exit_code == 0 and "imported 3 of 3 rows" in done.output, done.output
+    done = runner.invoke(main, ["tasks", "import", "--format", "swebench", str(jsonl), "--out",
+                                str(tmp_path / "b" / "tasks.jsonl"), "--runtime", "local", "--repos", str(root)])
+    assert done.exit_code == 1 and "imported 3 of 6 rows" in done.output and "3 failed" in done.output, done.output
+    errors = [line for line in done.output.splitlines() if ": error: " in line]
+    assert errors == [
+        f"nomirror__x-1: error: no clone of nomirror/x under {root} (expected {root / 'nomirror/x'})",
+        f"pytest-dev__pytest-90009: error: the clone {root / 'pytest-dev/pytest'} does not hold base_commit {'0' * 40}",
+        "broken__row-2: error: SWE-bench row broken__row-2: missing test_patch"], done.output
+    for sub in ("a", "b"):
+        tasks = {t.id: t for t in load_tasks(tmp_path / sub / "tasks.jsonl")}
+        assert set(tasks) == {inst.row["instance_id"] for inst in instances.values()}
+        for kind, inst in instances.items():
+            task = tasks[inst.row["instance_id"]]
+            assert (task.instruction, task.workdir, task.evaluator.name) == (
+                inst.row["problem_statement"], "/testbed", "swebench")
+            instance = task.evaluator.options["instance"]
+            assert instance == normalise(inst.row) and "patch" not in instance
+            assert os.path.isdir(task.repo) and not os.path.isabs(
+                json.loads((tmp_path / sub / "tasks.jsonl").read_text().splitlines()[0])["repo"])
+    (tmp_path / "gold.diff").write_text(instances["django"].gold)
+    done = runner.invoke(main, ["evaluate", "--task", str(tmp_path / "b" / "tasks.jsonl"), "--id",
+                                "django__django-90001", "--patch", str(tmp_path / "gold.diff"), "--json"])
+    assert done.exit_code == 0 and json.loads(done.output)["status"] == "RESOLVED_FULL", done.output
+
+
+@pytest.mark.docker
+def test_docker_import_builds_the_instance_image_and_grades_in_it(mirror, tmp_path, docker_ready):
+    """No image by the conventional name: one is built from the mirror on polar's swe layer; once an image
+    carries that name, the import takes it as it is. Grading runs in a container of the image."""
+    import docker
+
+    root, instances = mirror
+    inst = instances["django"]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(inst.row) + "\n")
+    template = "polar-test/sweb.eval.{instance_key}:latest"
+    client = docker.from_env()
+    try:
+        client.images.remove(image_name(template, inst.row))
+    except docker.errors.ImageNotFound:
+        pass
+    runner = CliRunner()
+    args = ["tasks", "import", "--format", "swebench", str(rows), "--repos", str(root), "--image-template", template]
+    done = runner.invoke(main, [*args, "--out", str(tmp_path / "tasks.jsonl")])
+    assert done.exit_code == 0 and "(built)" in done.output, done.output
+    (task,) = load_tasks(tmp_path / "tasks.jsonl")
+    assert task.image.startswith("polar/swebench:") and task.runtime == "docker" and task.repo is None
+    for name, patch, status in (("gold", inst.gold, "RESOLVED_FULL"), ("partial", inst.partial, "RESOLVED_PARTIAL")):
+        (tmp_path / name).write_text(patch)
+        done = runner.invoke(main, ["evaluate", "--task", str(tmp_path / "tasks.jsonl"), "--patch",
+                                    str(tmp_path / name), "--json"])
+        assert json.loads(done.output)["status"] == status, done.output
+    repository, tag = image_name(template, inst.row).rsplit(":", 1)
+    client.images.get(task.image).tag(repository, tag)
+    try:
+        done = runner.invoke(main, [*args, "--out", str(tmp_path / "again.jsonl")])
+        assert done.exit_code == 0 and "(existing)" in done.output, done.output
+        assert load_tasks(tmp_path / "again.jsonl")[0].image == image_name(template, inst.row)
+    finally:
+        client.images.remove(image_name(template, inst.row))
