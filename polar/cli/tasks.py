@@ -111,27 +111,39 @@ def tasks() -> None:
 
 
 @tasks.command("import")
-@click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["swebench"]), required=True,
-              help="swebench: rows in the SWE-bench schema (JSONL, JSON or Parquet as `datasets` writes them).")
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["swebench", "harbor"]), required=True,
+              help="swebench: a file of rows in the SWE-bench schema (JSONL, JSON or Parquet as `datasets` writes "
+                   "them). harbor: Harbor task directories (or directories of them).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The tasks JSONL written.")
 @click.option("--repos", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Local mirror holding <owner>/<name> git clones: instances without an image are built from it.")
+              help="swebench: local mirror holding <owner>/<name> git clones; instances without an image are built "
+                   "from it.")
 @click.option("--image-template", default=None,
-              help="The instance image's name: {instance_id}, {instance_key} (lower-case, `__` as `_1776_`), "
-                   "{repo}, {version}. Default: swebench's own, swebench/sweb.eval.x86_64.{instance_key}:latest.")
+              help="swebench: the instance image's name: {instance_id}, {instance_key} (lower-case, `__` as "
+                   "`_1776_`), {repo}, {version}. Default: swebench's own, "
+                   "swebench/sweb.eval.x86_64.{instance_key}:latest.")
 @click.option("--runtime", type=click.Choice(["docker", "local"]), default="docker", show_default=True,
-              help="local: each task copies a checkout at base_commit (under --checkouts) and runs the host's Python.")
+              help="swebench: local makes each task copy a checkout at base_commit (under --checkouts).")
 @click.option("--checkouts", type=click.Path(file_okay=False, path_type=Path),
               help="Where --runtime local puts the checkouts (default: <out>.repos/ beside the tasks file).")
+@click.option("--build-network", default="none", show_default=True,
+              help="harbor: the network of the environment builds (`default` lets a Dockerfile fetch packages).")
 @click.option("--harness", default="python-agent", show_default=True, help="The harness the tasks run.")
 @click.option("--samples", default=1, show_default=True, type=click.IntRange(1, 1024), help="Sessions per task.")
-def import_tasks(source: Path, fmt: str, out: Path, repos: Path | None, image_template: str | None, runtime: str,
-                 checkouts: Path | None, harness: str, samples: int) -> None:
-    """Write SOURCE's rows as polar tasks. A row that cannot be imported gets an error line on stderr and the
-    others still import; the exit status is 1 when any row failed."""
-    from polar.rollout.swebench_import import IMAGE_TEMPLATE, import_rows, read_rows
+def import_tasks(sources: tuple[Path, ...], fmt: str, out: Path, repos: Path | None, image_template: str | None,
+                 runtime: str, checkouts: Path | None, build_network: str, harness: str, samples: int) -> None:
+    """Write SOURCES as polar tasks. A row or directory that cannot be imported gets an error line on stderr and
+    the others still import; the exit status is 1 when any failed."""
     from polar.rollout.tasks import Named
+
+    if fmt == "harbor":
+        items = _harbor_items(sources, Named(name=harness), build_network)
+        return _write(out, items, samples)
+    if len(sources) != 1 or not sources[0].is_file():
+        raise click.BadParameter("--format swebench reads one file of rows", param_hint="SOURCES")
+    source = sources[0]
+    from polar.rollout.swebench_import import IMAGE_TEMPLATE, import_rows, read_rows
 
     try:
         rows = list(read_rows(source))
@@ -148,11 +160,18 @@ def import_tasks(source: Path, fmt: str, out: Path, repos: Path | None, image_te
             raise click.ClickException(f"{exc} (or import with --runtime local)") from None
     out_dir = out.resolve().parent
     checkouts = (checkouts or out.with_name(out.name + ".repos")).resolve()
-    written = failed = 0
     out_dir.mkdir(parents=True, exist_ok=True)
+    items = import_rows(rows, runtime=runtime, repos=repos, template=image_template or IMAGE_TEMPLATE,
+                        harness=Named(name=harness), client=client, checkouts=checkouts, out_dir=out_dir)
+    _write(out, items, samples, len(rows))
+
+
+def _write(out: Path, items, samples: int, total: int | None = None) -> None:
+    """Write the imported tasks; one line on stderr per item (its image, or why it failed)."""
+    written = failed = 0
+    out.resolve().parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:
-        for item in import_rows(rows, runtime=runtime, repos=repos, template=image_template or IMAGE_TEMPLATE,
-                                harness=Named(name=harness), client=client, checkouts=checkouts, out_dir=out_dir):
+        for item in items:
             if item.task is None:
                 failed += 1
                 click.echo(f"{item.instance_id}: error: {item.error}", err=True)
@@ -162,5 +181,30 @@ def import_tasks(source: Path, fmt: str, out: Path, repos: Path | None, image_te
             written += 1
             click.echo(f"{item.instance_id}: {task.image or task.repo}"
                        f"{f' ({item.image_origin})' if item.image_origin else ''}", err=True)
-    click.echo(f"imported {written} of {len(rows)} rows into {out}" + (f"; {failed} failed" if failed else ""))
+    click.echo(f"imported {written} of {written + failed if total is None else total} into {out}"
+               + (f"; {failed} failed" if failed else ""))
     sys.exit(1 if failed else 0)
+
+
+def _harbor_items(sources: tuple[Path, ...], harness, network: str):
+    """Each Harbor task directory under SOURCES (a task, or a directory of tasks) as an import item."""
+    from polar.rollout.harbor_tasks import build_image, image_workdir, read_task_dir, to_task
+    from polar.rollout.swebench_import import Imported
+    from polar.runtime.base import RuntimeUnavailable
+    from polar.runtime.docker_runtime import connect
+
+    try:
+        client = connect()
+    except RuntimeUnavailable as exc:
+        raise click.ClickException(f"{exc} (Harbor tasks run in their own image)") from None
+    dirs = [d for s in sources for d in ([s] if (s / "task.toml").is_file() or not s.is_dir() else
+                                         sorted(p.parent for p in s.glob("*/task.toml")) or [s])]
+    for d in dirs:
+        try:
+            task = read_task_dir(d)
+            image = build_image(client, task, network)
+            workdir = task.workdir or image_workdir(client, image) or "/"
+            yield Imported(d.name, to_task(task, image, workdir, harness), image_origin="built" if task.dockerfile
+                           else "existing")
+        except Exception as exc:  # one bad directory is its own error line; the others still import
+            yield Imported(d.name, error=f"{type(exc).__name__}: {exc}")

@@ -212,7 +212,8 @@ class _FunctionEvaluator(Evaluator):
 
 EVALUATORS: dict[str, type[Evaluator]] = {cls.name: cls for cls in (Completed, TestOutput, SWE, ScriptReward)}
 # Built-ins in their own modules, imported when first named (they import this one).
-_BUILTIN_ELSEWHERE = {"swebench": "polar.rollout.swebench_eval:SWEBench"}
+_BUILTIN_ELSEWHERE = {"swebench": "polar.rollout.swebench_eval:SWEBench",
+                      "harbor": "polar.rollout.harbor_tasks:HarborVerifier"}
 
 
 def make_evaluator(spec: Named) -> Evaluator:

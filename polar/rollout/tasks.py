@@ -131,7 +131,7 @@ def harness_name(spec_json: str | None) -> str | None:
 
 # Evaluator options that name host files: relative paths in a tasks file are relative to that file.
 # (A harness's `script` is a shell command, not a file.)
-_PATH_OPTIONS = ("hidden", "script")
+_PATH_OPTIONS = ("hidden", "script", "tests")
 
 
 def load_tasks(path: str | Path) -> list[TaskSpec]:

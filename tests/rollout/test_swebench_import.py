@@ -55,10 +55,10 @@ def test_parquet_and_jsonl_rows_import_and_grade(mirror, tmp_path):
     runner = CliRunner()
     done = runner.invoke(main, ["tasks", "import", "--format", "swebench", str(parquet), "--out",
                                 str(tmp_path / "a" / "tasks.jsonl"), "--runtime", "local", "--repos", str(root)])
-    assert done.exit_code == 0 and "imported 3 of 3 rows" in done.output, done.output
+    assert done.exit_code == 0 and "imported 3 of 3 into" in done.output, done.output
     done = runner.invoke(main, ["tasks", "import", "--format", "swebench", str(jsonl), "--out",
                                 str(tmp_path / "b" / "tasks.jsonl"), "--runtime", "local", "--repos", str(root)])
-    assert done.exit_code == 1 and "imported 3 of 6 rows" in done.output and "3 failed" in done.output, done.output
+    assert done.exit_code == 1 and "imported 3 of 6 into" in done.output and "3 failed" in done.output, done.output
     errors = [line for line in done.output.splitlines() if ": error: " in line]
     assert errors == [
         f"nomirror__x-1: error: no clone of nomirror/x under {root} (expected {root / 'nomirror/x'})",
