@@ -246,7 +246,10 @@ class SessionPhases:
     def _end_harness(prepared: Prepared) -> None:
         """Kill the watched harness's process group; the sandbox stays for the diff and the evaluation."""
         pidfile = prepared.ctx.sandbox_relative(HARNESS_PID)
-        kill = 'p="$(cat "$0")" && [ "$p" -gt 1 ] && kill -KILL -"$p"'  # dash's kill takes no `--`
+        # The group of the recorded pid: its own (local runtime), or that of the `timeout` a container's exec
+        # runs it under (Docker). /proc/<pid>/stat after the command name: state, ppid, pgrp. dash's kill takes no `--`.
+        kill = ('p="$(cat "$0")" && g="$(sed "s/.*) //" /proc/$p/stat | cut -d" " -f3)" && [ "$g" -gt 1 ] '
+                '&& kill -KILL -"$g"')
         done = prepared.sandbox.exec(["sh", "-c", kill, pidfile], timeout=30)
         if not done.ok:
             log.warning("session %s: ending the harness failed: %s", prepared.spec.session_id, done.stderr[-300:])

@@ -12,8 +12,10 @@ from click.testing import CliRunner
 from polar.cli import main
 from polar.rollout.swebench_eval import normalise, swebench_spec
 from polar.rollout.swebench_import import IMAGE_TEMPLATE, image_name
-from polar.rollout.tasks import load_tasks
+from polar.rollout.tasks import Named, load_tasks
+from tests.rollout.conftest import run_sessions
 from tests.rollout.swebench_repos import build
+from tests.rollout.test_docker import docker_env  # noqa: F401  (the fixture)
 
 KINDS = ("django", "pytest", "custom")
 
@@ -116,3 +118,25 @@ def test_docker_import_builds_the_instance_image_and_grades_in_it(mirror, tmp_pa
         assert load_tasks(tmp_path / "again.jsonl")[0].image == image_name(template, inst.row)
     finally:
         client.images.remove(image_name(template, inst.row))
+
+
+@pytest.mark.docker
+def test_an_imported_instance_runs_as_a_docker_session_and_is_graded(mirror, docker_env, tmp_path):  # noqa: F811
+    """The imported task end to end on Docker: the harness works in /testbed of the built image, its diff is
+    graded in a clean container of the same image by swebench's code. The gold fix resolves, doing nothing not."""
+    root, instances = mirror
+    inst = instances["pytest"]
+    (tmp_path / "rows.jsonl").write_text(json.dumps(inst.row) + "\n")
+    done = CliRunner().invoke(main, ["tasks", "import", "--format", "swebench", str(tmp_path / "rows.jsonl"),
+                                     "--repos", str(root), "--out", str(tmp_path / "tasks.jsonl"),
+                                     "--image-template", "polar-test/none.{instance_key}:latest"])
+    assert done.exit_code == 0, done.output
+    (task,) = load_tasks(tmp_path / "tasks.jsonl")
+    env, _ = docker_env
+    fix = Named(name="shell", options={"script": f"git apply <<'EOF'\n{inst.gold}EOF\n"})
+    gold = task.model_copy(update={"id": "gold-fix", "harness": fix, "timeout": 120})
+    idle = task.model_copy(update={"id": "no-fix", "harness": Named(name="shell", options={"script": "true"}),
+                                   "timeout": 120})
+    fixed, untouched = run_sessions(env, [gold, idle], timeout=300, running_slots=2)
+    assert (fixed.outcome, fixed.reward, fixed.evaluation["status"]) == ("ok", 1.0, "RESOLVED_FULL"), fixed
+    assert (untouched.outcome, untouched.reward, untouched.evaluation["status"]) == ("ok", 0.0, "RESOLVED_NO")

@@ -6,6 +6,7 @@ sandbox intact for the evaluation; a token budget ends a session as `budget`."""
 from __future__ import annotations
 
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner
 
 from polar.cli.export import export
@@ -18,6 +19,7 @@ from polar.rollout.state import RolloutState
 from polar.rollout.tasks import Named, TaskSpec, WatchdogOptions, load_tasks
 from polar.rollout.watchdog import periodic_tail
 from tests.rollout.conftest import TASKS, ApiServer, run_sessions
+from tests.rollout.test_docker import docker_env  # noqa: F401  (the fixture)
 
 READ_FOREVER = {"name": "read_file", "arguments": {"path": "calc.py"}}
 FIX = {"name": "edit_file", "arguments": {"path": "calc.py", "old": "(len(values) + 1)", "new": "len(values)"}}
@@ -100,3 +102,17 @@ def _take(iterator, n):
         if len(out) == n:
             return out
     return out
+
+
+@pytest.mark.docker
+def test_a_stalled_container_session_is_cut_and_still_evaluated(docker_env):  # noqa: F811
+    """In a container the cut ends the harness's process group through the recorded pid; the container
+    stays for the evaluation."""
+    env, image = docker_env
+    stall = TaskSpec(id="stall-in-docker", instruction="x", timeout=120, runtime="docker", image=image,
+                     harness=Named(name="shell", options={"script": "echo made > made.txt; sleep 100"}),
+                     evaluator=Named(name="test_output", options={"command": "test -f made.txt"}),
+                     watchdog=WatchdogOptions(stall_seconds=2.0, poll_seconds=0.2))
+    (result,) = run_sessions(env, [stall], timeout=240)
+    assert (result.outcome, result.reward, result.partial) == ("stalled", 1.0, True), result
+    assert result.harness_exit == 137  # SIGKILL, seen through the container's exec
