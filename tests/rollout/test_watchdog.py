@@ -5,10 +5,13 @@ sandbox intact for the evaluation; a token budget ends a session as `budget`."""
 
 from __future__ import annotations
 
+import re
+
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from polar.cli import main
 from polar.cli.export import export
 from polar.datasets.rl import group_sizes, stream_rl_groups
 from polar.rollout.client import RolloutClient
@@ -76,6 +79,11 @@ def test_a_looping_session_is_cut_flagged_and_exported_the_others_unaffected(sta
     done = CliRunner().invoke(export, ["--state", str(state), "--out", str(tmp_path / "default"), "--format", "jsonl",
                                        "--captures", node_env.capture_db])
     assert done.exit_code == 0 and "calc-loop" not in (tmp_path / "default" / "tokens" / "train.jsonl").read_text()
+
+    done = CliRunner().invoke(main, ["report", "--state", str(state), "--out", str(tmp_path / "report.html")])
+    assert done.exit_code == 0, done.output
+    summary = dict(re.findall(r"<tr>\s*<th>([^<]+)</th>\s*<td>([^<]+)</td>", (tmp_path / "report.html").read_text()))
+    assert summary["outcomes"] == "ok 2 · looping 1" and summary["cut by the watchdog"] == "looping 1"
 
 
 def test_stalled_and_over_budget_sessions_are_cut(stack, node_env):
