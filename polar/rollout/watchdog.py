@@ -4,8 +4,8 @@ While a harness runs, the session's watcher reads its newly captured calls (the 
 truth of what the model was asked and answered) every `poll_seconds` and checks, in call order:
 
 - looping: the same tool call(s) — names and arguments — in `repeated_tool_calls` answers in a row; or
-  the same text `repeated_text` times: an answer whose tail is one span (at least `min_span_chars`)
-  repeated, or that many answers in a row with the same non-empty text (degenerate repetition);
+  the same text `repeated_text` times: an answer (or its reasoning) whose tail is one span (at least
+  `min_span_chars`) repeated, or that many answers in a row with the same non-empty text (degenerate repetition);
 - budget: the tokens the session's calls sampled reach `token_budget`;
 - stalled: no model call started or ended for `stall_seconds` (a call in flight counts as activity).
 
@@ -106,9 +106,12 @@ class Watcher:
         self._text = text
         if len(text) >= o.min_span_chars and self._text_run >= o.repeated_text:
             return self._cut("looping", f"the same answer {self._text_run} times in a row: {text[:120]!r}")
-        unit = periodic_tail(text, o.repeated_text, o.min_span_chars)
-        if unit is not None:
-            return self._cut("looping", f"an answer repeating one span {o.repeated_text}+ times: {unit[:120]!r}")
+        reasoning = result.get("reasoning") or {}
+        thinking = "" if reasoning.get("redacted") else (reasoning.get("text") or "")
+        for where, body in (("answer", text), ("reasoning", thinking.strip())):
+            unit = periodic_tail(body, o.repeated_text, o.min_span_chars)
+            if unit is not None:
+                return self._cut("looping", f"the {where} repeats one span {o.repeated_text}+ times: {unit[:120]!r}")
         return None
 
     def _cut(self, reason: str, detail: str) -> Cut:

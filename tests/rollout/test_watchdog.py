@@ -86,21 +86,30 @@ def test_a_looping_session_is_cut_flagged_and_exported_the_others_unaffected(sta
     assert summary["outcomes"] == "ok 2 · looping 1" and summary["cut by the watchdog"] == "looping 1"
 
 
-def test_stalled_and_over_budget_sessions_are_cut(stack, node_env):
+def test_stalled_repeating_and_over_budget_sessions_are_cut(stack, node_env):
     """A harness that stops calling the model is cut as `stalled`; its sandbox stays for the evaluation
-    (the file it wrote is still there). A session whose sampled tokens reach its budget ends as `budget`."""
-    stack.script(rules=[{"match": "BUDGET", "steps": [{"tool_calls": [READ_FOREVER]}]}])
+    (the file it wrote is still there). A model whose answer degenerates into one repeated span is cut as
+    `looping`. A session whose sampled tokens reach its budget ends as `budget`."""
+    babble = "I should read the file once more. " * 4
+    stack.script(rules=[{"match": "BUDGET", "steps": [{"tool_calls": [READ_FOREVER]}]},
+                        {"match": "BABBLE", "steps": [{"content": "Let me see. " + babble, "tool_calls": [READ_FOREVER]},
+                                                      {"content": "Again.", "tool_calls": [FIX]}]}])
     stall = TaskSpec(id="stall", instruction="x", timeout=60,
                      harness=Named(name="shell", options={"script": "echo made > made.txt; sleep 50"}),
                      evaluator=Named(name="test_output", options={"command": "test -f made.txt"}),
                      watchdog=WatchdogOptions(stall_seconds=1.0, poll_seconds=0.2))
-    budget = load_tasks(TASKS / "tasks.jsonl")[0].model_copy(update={
-        "id": "over-budget", "samples": 1, "instruction": "BUDGET", "watchdog": WatchdogOptions(token_budget=1)})
-    stalled, spent = run_sessions(node_env, [stall, budget], timeout=90, running_slots=2)
+    calc = load_tasks(TASKS / "tasks.jsonl")[0]
+    budget = calc.model_copy(update={"id": "over-budget", "samples": 1, "instruction": "BUDGET",
+                                     "watchdog": WatchdogOptions(token_budget=1)})
+    babbling = calc.model_copy(update={"id": "babble", "samples": 1, "instruction": "BABBLE",
+                                       "watchdog": WatchdogOptions(repeated_text=3, stall_seconds=30)})
+    stalled, spent, looped = run_sessions(node_env, [stall, budget, babbling], timeout=90, running_slots=3)
     assert (stalled.outcome, stalled.reward, stalled.cut["reason"]) == ("stalled", 1.0, "stalled"), stalled
     assert "no model call for" in stalled.cut["detail"] and stalled.harness_exit == -9
     assert (spent.outcome, spent.cut["reason"], spent.partial) == ("budget", "budget", True), spent
     assert spent.cut["detail"].endswith("tokens sampled (budget 1)") and spent.harness_exit == -9
+    assert (looped.outcome, looped.partial) == ("looping", True), looped
+    assert looped.cut["detail"] == "the answer repeats one span 3+ times: ' I should read the file once more.'"
 
 
 def _take(iterator, n):
