@@ -13,15 +13,26 @@ import click
 from polar.rollout.tasks import TaskSpec, load_tasks
 
 
-def read_task(path: Path, task_id: str | None) -> TaskSpec:
-    """One task from a JSON file (one TaskSpec) or a tasks JSONL file (`task_id` picks it when there are several)."""
+def read_task(path: Path, task_id: str | None, repos: Path | None = None, scratch: Path | None = None) -> TaskSpec:
+    """One task from a JSON file (a polar task, or a SWE-bench row) or a JSONL file of either (`task_id` picks
+    one when there are several). A SWE-bench row is imported as `polar tasks import` would: with `repos`, a
+    checkout at base_commit under `scratch` (local runtime); else its conventional image (Docker)."""
+    text = path.read_text()
     try:
-        data = json.loads(path.read_text())
+        whole = json.loads(text)
     except ValueError:
-        data = None
-    if isinstance(data, dict):
+        whole = None
+    objects = [whole] if isinstance(whole, dict) else whole if isinstance(whole, list) else []
+    if whole is None:  # JSON lines
         try:
-            task = TaskSpec.model_validate(data)
+            objects = [json.loads(line) for line in text.splitlines() if line.strip() and not line.startswith("#")]
+        except ValueError as exc:
+            raise click.BadParameter(f"{path}: neither JSON nor JSON lines: {exc}", param_hint="--task") from None
+    if objects and all(isinstance(o, dict) and "test_patch" in o and "instruction" not in o for o in objects):
+        return _row_task(path, objects, task_id, repos, scratch)
+    if isinstance(whole, dict):
+        try:
+            task = TaskSpec.model_validate(whole)
         except ValueError as exc:
             raise click.BadParameter(f"{path}: {exc}", param_hint="--task") from None
         if task.repo:
@@ -32,13 +43,35 @@ def read_task(path: Path, task_id: str | None) -> TaskSpec:
             tasks = load_tasks(path)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--task") from None
-    if task_id is not None:
-        tasks = [t for t in tasks if t.id == task_id]
-    if len(tasks) != 1:
-        found = "no task" if not tasks else f"{len(tasks)} tasks"
-        raise click.BadParameter(f"{path} holds {found}{f' with id {task_id!r}' if task_id else ''}: "
-                                 "give one task (--id picks one from a tasks file)", param_hint="--task")
-    return tasks[0]
+    return _one(path, [t for t in tasks if task_id is None or t.id == task_id], task_id)
+
+
+def _one(path: Path, found: list, task_id: str | None):
+    if len(found) != 1:
+        what = "no task" if not found else f"{len(found)} tasks"
+        raise click.BadParameter(f"{path} holds {what}{f' with id {task_id!r}' if task_id else ''}: "
+                                 "give one task (--id picks one from a file of several)", param_hint="--task")
+    return found[0]
+
+
+def _row_task(path: Path, rows: list[dict], task_id: str | None, repos: Path | None, scratch: Path | None) -> TaskSpec:
+    from polar.rollout.swebench_import import import_rows
+
+    row = _one(path, [r for r in rows if task_id is None or r.get("instance_id") == task_id], task_id)
+    if repos is not None:
+        (item,) = import_rows([row], runtime="local", repos=repos, checkouts=scratch)
+    else:
+        from polar.runtime.base import RuntimeUnavailable
+        from polar.runtime.docker_runtime import connect
+
+        try:
+            client = connect()
+        except RuntimeUnavailable as exc:
+            raise click.ClickException(f"{exc} (or give --repos: a mirror to check the repository out from)") from None
+        (item,) = import_rows([row], runtime="docker", client=client)
+    if item.task is None:
+        raise click.ClickException(f"{item.instance_id}: {item.error}")
+    return item.task
 
 
 def _runtime(task: TaskSpec):
@@ -56,20 +89,30 @@ def _runtime(task: TaskSpec):
 
 @click.command("evaluate")
 @click.option("--task", "task_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="The task: a JSON file holding one polar task, or a tasks JSONL file (with --id).")
-@click.option("--id", "task_id", help="Which task of a tasks file.")
+              help="The task: a JSON file holding one polar task or one SWE-bench row, or a JSONL file of either "
+                   "(with --id).")
+@click.option("--id", "task_id", help="Which task (or instance_id) of a file of several.")
+@click.option("--repos", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="For a SWE-bench row: a mirror of <owner>/<name> clones; grades a checkout at base_commit on this "
+                   "machine (else the instance's image on Docker).")
 @click.option("--patch", "patch_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The patch to grade (a unified diff, as `git diff` writes it; an empty file grades the repo as is).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole grading as JSON (the test log included).")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the test log here.")
 @click.option("--timeout", type=float, help="Seconds the tests may run (default: the task's evaluator option).")
-def evaluate(task_path: Path, task_id: str | None, patch_path: Path, as_json: bool, log_path: Path | None,
-             timeout: float | None) -> None:
+def evaluate(task_path: Path, task_id: str | None, repos: Path | None, patch_path: Path, as_json: bool,
+             log_path: Path | None, timeout: float | None) -> None:
     """Grade a patch for a SWE-bench task as the official harness grades it: reward, resolved, per-test outcomes.
     Exit status 0 when resolved, 1 when not."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="polar-evaluate-") as scratch:
+        _evaluate(read_task(task_path, task_id, repos, Path(scratch)), patch_path, as_json, log_path, timeout)
+
+
+def _evaluate(task: TaskSpec, patch_path: Path, as_json: bool, log_path: Path | None, timeout: float | None) -> None:
     from polar.rollout.swebench_eval import SWEBench, clean_sandbox, env_for_tests, grade
 
-    task = read_task(task_path, task_id)
     if task.evaluator.name != SWEBench.name:
         raise click.ClickException(f"task {task.id} is graded by {task.evaluator.name!r}: polar evaluate grades "
                                    f"{SWEBench.name!r} tasks (polar tasks import --format swebench makes them)")

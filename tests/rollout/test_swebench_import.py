@@ -140,3 +140,29 @@ def test_an_imported_instance_runs_as_a_docker_session_and_is_graded(mirror, doc
     fixed, untouched = run_sessions(env, [gold, idle], timeout=300, running_slots=2)
     assert (fixed.outcome, fixed.reward, fixed.evaluation["status"]) == ("ok", 1.0, "RESOLVED_FULL"), fixed
     assert (untouched.outcome, untouched.reward, untouched.evaluation["status"]) == ("ok", 0.0, "RESOLVED_NO")
+
+
+def test_polar_evaluate_takes_swebench_rows_directly(mirror, tmp_path):
+    """A row as the dataset gives it (one JSON object, or a JSONL file picked by --id), its repository checked
+    out from the mirror at base_commit: gold resolves, a partial fix does not; a row with no clone is one clear error."""
+    root, instances = mirror
+    rows = [inst.row for inst in instances.values()]
+    (tmp_path / "row.json").write_text(json.dumps(instances["custom"].row))
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for kind in ("gold", "partial"):
+        (tmp_path / f"{kind}.diff").write_text(getattr(instances["django"], kind))
+    (tmp_path / "custom.diff").write_text(instances["custom"].gold)
+    runner = CliRunner()
+    done = runner.invoke(main, ["evaluate", "--task", str(tmp_path / "row.json"), "--repos", str(root),
+                                "--patch", str(tmp_path / "custom.diff")])
+    assert done.exit_code == 0 and "acme__textkit-7: reward 1.0, RESOLVED_FULL" in done.output, done.output
+    done = runner.invoke(main, ["evaluate", "--task", str(tmp_path / "rows.jsonl"), "--id", "django__django-90001",
+                                "--repos", str(root), "--patch", str(tmp_path / "partial.diff"), "--json"])
+    assert done.exit_code == 1 and json.loads(done.output)["status"] == "RESOLVED_PARTIAL", done.output
+    done = runner.invoke(main, ["evaluate", "--task", str(tmp_path / "rows.jsonl"), "--repos", str(root),
+                                "--patch", str(tmp_path / "gold.diff")])
+    assert done.exit_code == 2 and "holds 3 tasks" in done.output
+    (tmp_path / "other.json").write_text(json.dumps({**rows[0], "repo": "elsewhere/x", "instance_id": "elsewhere__x-1"}))
+    done = runner.invoke(main, ["evaluate", "--task", str(tmp_path / "other.json"), "--repos", str(root),
+                                "--patch", str(tmp_path / "gold.diff")])
+    assert done.exit_code == 1 and "elsewhere__x-1: no clone of elsewhere/x under" in done.output, done.output
