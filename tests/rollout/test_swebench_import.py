@@ -166,3 +166,38 @@ def test_polar_evaluate_takes_swebench_rows_directly(mirror, tmp_path):
     done = runner.invoke(main, ["evaluate", "--task", str(tmp_path / "other.json"), "--repos", str(root),
                                 "--patch", str(tmp_path / "gold.diff")])
     assert done.exit_code == 1 and "elsewhere__x-1: no clone of elsewhere/x under" in done.output, done.output
+
+
+@pytest.mark.docker
+def test_an_official_layout_image_runs_swebenchs_eval_script_verbatim(mirror, tmp_path, docker_ready):
+    """No official SWE-bench image can be pulled here, so one of their layout stands in: the built instance
+    image plus a conda whose `activate` only defines a no-op `conda` (the official images' env is real conda).
+    In it the evaluator runs swebench's eval script as the harness does, conda activation and install included."""
+    import io
+
+    import docker
+
+    root, instances = mirror
+    inst = instances["pytest"]
+    (tmp_path / "rows.jsonl").write_text(json.dumps(inst.row) + "\n")
+    done = CliRunner().invoke(main, ["tasks", "import", "--format", "swebench", str(tmp_path / "rows.jsonl"),
+                                     "--repos", str(root), "--out", str(tmp_path / "tasks.jsonl"),
+                                     "--image-template", "polar-test/none.{instance_key}:latest"])
+    assert done.exit_code == 0, done.output
+    (task,) = load_tasks(tmp_path / "tasks.jsonl")
+    dockerfile = (f"FROM {task.image}\nRUN mkdir -p /opt/miniconda3/bin "
+                  "&& printf 'conda() { :; }\\n' > /opt/miniconda3/bin/activate\n")
+    client = docker.from_env()
+    image, _ = client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag="polar-test/official-layout:latest",
+                                   rm=True, network_mode="none")
+    try:
+        (tmp_path / "task.json").write_text(task.model_copy(update={"image": image.tags[0]}).model_dump_json())
+        for name, patch, status in (("gold", inst.gold, "RESOLVED_FULL"), ("none", "", "RESOLVED_NO")):
+            (tmp_path / name).write_text(patch)
+            done = CliRunner().invoke(main, ["evaluate", "--task", str(tmp_path / "task.json"), "--patch",
+                                             str(tmp_path / name), "--json"])
+            out = json.loads(done.output)
+            assert out["status"] == status, done.output
+            assert "+ source /opt/miniconda3/bin/activate" in out["log"] and "+ python -m pip install -e ." in out["log"]
+    finally:
+        client.images.remove("polar-test/official-layout:latest")
