@@ -126,7 +126,7 @@ def _evaluate(task: TaskSpec, patch_path: Path, as_json: bool, log_path: Path | 
         try:
             graded = grade(sandbox, instance, patch_path.read_text(), timeout or float(
                 task.evaluator.options.get("timeout", 1800)), env=env_for_tests(sandbox, sys.executable))
-        except ValueError as exc:
+        except (ValueError, RuntimeError) as exc:
             raise click.ClickException(f"task {task.id}: {exc}") from None
         finally:
             sandbox.stop()

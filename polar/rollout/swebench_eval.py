@@ -93,6 +93,7 @@ def swebench_spec(instance: dict[str, Any], base_commit: str | None = None, repo
                   official: bool = True):
     """swebench's TestSpec for the instance: its eval script (see `eval_script_lines`) and what grading reads.
     Built field by field: `make_test_spec` would also fetch the repo's requirements for the image build."""
+    require_swebench()
     from swebench.harness.constants import MAP_REPO_TO_EXT
     from swebench.harness.test_spec.test_spec import TestSpec
 
@@ -103,6 +104,14 @@ def swebench_spec(instance: dict[str, Any], base_commit: str | None = None, repo
                                                        repo_dir),
                     FAIL_TO_PASS=instance["FAIL_TO_PASS"], PASS_TO_PASS=instance["PASS_TO_PASS"],
                     language=MAP_REPO_TO_EXT[instance["repo"]], docker_specs={}, namespace=None)
+
+
+def require_swebench() -> None:
+    try:
+        import swebench.harness.grading  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(f"SWE-bench grading needs the swebench package: pip install 'polar[swebench]' ({exc})") \
+            from None
 
 
 def _known_or_registered(instance: dict[str, Any]) -> None:
@@ -182,6 +191,7 @@ def grade(sandbox: Sandbox, instance: dict[str, Any], patch: str, timeout: float
           env: dict[str, str] | None = None) -> Graded:
     """Apply `patch` to the clean repository in `sandbox` (its workdir), run the instance's eval script
     and grade the log with swebench. `env`: extra variables for the tests (e.g. PATH for the local runtime)."""
+    require_swebench()
     from swebench.harness.constants import APPLY_PATCH_FAIL, KEY_INSTANCE_ID, KEY_MODEL, KEY_PREDICTION
     from swebench.harness.grading import get_eval_report, get_logs_eval, get_resolution_status
     from swebench.harness.run_evaluation import GIT_APPLY_CMDS
