@@ -246,7 +246,8 @@ def _harbor_items(sources: tuple[Path, ...], harness, network: str):
         try:
             task = read_task_dir(d)
             image = build_image(client, task, network)
-            workdir = task.workdir or image_workdir(client, image) or "/"
+            # No workdir named: terminal-bench's /app (never /: the session snapshots its workdir with git).
+            workdir = task.workdir or image_workdir(client, image) or "/app"
             yield Imported(d.name, to_task(task, image, workdir, harness), image_origin="built" if task.dockerfile
                            else "existing")
         except Exception as exc:  # one bad directory is its own error line; the others still import

@@ -95,7 +95,9 @@ def build_image(client: Any, task: HarborTask, network: str = "none") -> str:
 
 
 def image_workdir(client: Any, image: str) -> str | None:
-    return (client.images.get(image).attrs.get("Config") or {}).get("WorkingDir") or None
+    """The image's WORKDIR, unless it is / (a session snapshots its workdir with git)."""
+    workdir = (client.images.get(image).attrs.get("Config") or {}).get("WorkingDir")
+    return workdir if workdir and workdir != "/" else None
 
 
 def to_task(task: HarborTask, image: str, workdir: str, harness: Named) -> TaskSpec:
