@@ -39,7 +39,8 @@ from polar.mitm.contentview import PolarContentview
 from polar.mitm.relay import StreamRelay
 from polar.providers.base import HttpReply
 from polar.sessions.identity import IDENTITY_HEADERS, REDACTED, SECRET_HEADERS, SessionRegistry
-from polar.upstream.vllm_chat import VLLMChat
+from polar.upstream.fleet.build import upstream_backend
+from polar.upstream.fleet.replicas import upstream_urls
 
 log = logging.getLogger("polar.addon")
 
@@ -75,26 +76,19 @@ PROMPT_OPTIONS = rebuilding("prompt")  # change the ids a session's turns hold
 GATEWAY_OPTIONS = rebuilding("gateway")
 
 
-def token_faithful(chat: VLLMChat, tokenizer_dir: str, template_path: str, endpoint: str):
-    from polar.tokens.template import ChatTemplate
-    from polar.upstream.vllm_tokens import TokenFaithful
-
-    template = ChatTemplate.from_dir(tokenizer_dir, template_path or None)
-    template.prepare_long_text()
-    return TokenFaithful(chat, template, endpoint)
-
-
 def build_backend(opts):
-    backend = VLLMChat(
-        opts.polar_upstream,
-        model=opts.polar_upstream_model or None,
-        api_key=opts.polar_upstream_key or None,
-        timeout=opts.polar_upstream_timeout,
-        chat_template=opts.polar_chat_template or None,
+    try:
+        urls = upstream_urls([opts.polar_upstream])
+    except ValueError as exc:
+        raise exceptions.OptionsError(f"polar_upstream: {exc}") from None
+    if not urls:
+        raise exceptions.OptionsError("polar_upstream names no upstream")
+    return upstream_backend(
+        urls, model=opts.polar_upstream_model or None, api_key=opts.polar_upstream_key or None,
+        timeout=opts.polar_upstream_timeout, chat_template=opts.polar_chat_template or None,
+        tokenizer=opts.polar_tokenizer or None, endpoint=opts.polar_token_endpoint,
+        imbalance=opts.polar_fleet_imbalance / 100,
     )
-    if opts.polar_tokenizer:
-        backend = token_faithful(backend, opts.polar_tokenizer, opts.polar_chat_template, opts.polar_token_endpoint)
-    return backend
 
 
 class PolarAddon:
