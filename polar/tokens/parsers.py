@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar.canonical import Tool, ToolCall
+from polar.tokens.families import detect
 
 THINK_START, THINK_END = "<think>", "</think>"
 _SNIPPET = 120
@@ -210,12 +211,10 @@ def parse_turn(text: str, family: str, *, think_open: bool, finish_reason: str, 
 
 
 def family_for_template(template_text: str) -> str:
-    """The output family a chat template teaches its model (`plain` when it shows no tool calls)."""
-    if "<function=" in template_text:
-        return "qwen3_xml"
-    if "<tool_call>" in template_text:
-        return "qwen3"
-    return "plain"
+    """The parser for the output a chat template teaches its model (`plain`: polar has none for it; families.py
+    says which family it is, and token-faithful mode refuses such a template)."""
+    family = detect(template_text)
+    return family.parser if family and family.parser else "plain"
 
 
 def tool_schemas(tools: list[Any]) -> dict[str, dict]:

@@ -24,6 +24,7 @@ from typing import Any
 from polar.canonical import Message, Tool
 from polar.errors import GatewayError
 from polar.tokens.encoder import IdsEncoder, ids_encoder
+from polar.tokens.families import require_token_faithful
 from polar.tokens.messages import to_openai_messages
 from polar.tokens.parsers import THINK_END, THINK_START, ParsedTurn, family_for_template, parse_turn
 from polar.tokens.segments import SegmentIds
@@ -93,14 +94,18 @@ class ChatTemplate:
 
     @classmethod
     def from_dir(cls, path: str | Path, template_path: str | Path | None = None) -> ChatTemplate:
-        """A Hugging Face tokenizer directory; its generation_config.json adds stop ids, as in vLLM."""
+        """A Hugging Face tokenizer directory; its generation_config.json adds stop ids, as in vLLM.
+
+        Raises UnknownTemplate (a ValueError) when polar cannot read the family's output out of sampled tokens."""
         from transformers import AutoTokenizer
 
         path = Path(path)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         text = Path(template_path).read_text() if template_path else None
         name = Path(template_path).stem if template_path else path.name
-        return cls(tokenizer, text, eos_token_ids=_generation_eos_ids(path), name=name)
+        template = cls(tokenizer, text, eos_token_ids=_generation_eos_ids(path), name=name)
+        require_token_faithful(template.template_text, f"the chat template {name!r}")  # never silent (families.py)
+        return template
 
     def traits(self) -> TemplateTraits:
         """What this template accepts (probed once per template text); `shape` uses them."""
