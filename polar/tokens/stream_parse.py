@@ -223,13 +223,14 @@ class TurnStream:
         cut = base + e
         self._block = None
         try:
-            name, arguments = self._parser.read_call(body[:cut], self._schemas)
+            calls = self._parser.read_calls(body[:cut], self._schemas)
         except Malformed:
             self._content(start + body[: cut + len(end)])
         else:
             self._ws, self._run_started = [], False  # whitespace touching a call is template glue
-            self._sent.append(ToolCallDelta(len(self._sent), arguments, parsers.new_call_id(), name))
-            self._out.append(self._sent[-1])
+            for name, arguments in calls:
+                self._sent.append(ToolCallDelta(len(self._sent), arguments, parsers.new_call_id(), name))
+                self._out.append(self._sent[-1])
         return body[cut + len(end) :]
 
     def _content(self, text: str) -> None:
