@@ -21,10 +21,10 @@ def templates(ctx: click.Context) -> None:
         return
     from polar.tokens.families import FAMILIES
 
-    click.echo(f"{'family':14} {'token-faithful':15} {'vLLM parsers (tool / reasoning)':36} models")
+    click.echo(f"{'family':14} {'polar parses':13} {'vLLM parsers (tool / reasoning)':36} models")
     for f in FAMILIES:
         parsers = f"{f.tool_parser} / {f.reasoning_parser or '-'}"
-        click.echo(f"{f.name:14} {'yes' if f.parser else 'not yet':15} {parsers:36} {f.models}")
+        click.echo(f"{f.name:14} {'yes' if f.parser else 'not yet':13} {parsers:36} {f.models}")
 
 
 class _Unreadable(click.ClickException):

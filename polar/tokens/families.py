@@ -86,6 +86,33 @@ def token_faithful_problem(template_text: str, label: str = "the chat template")
         return (f"{label} is {family.name} ({family.models}), whose output polar cannot parse yet; token-faithful "
                 f"mode parses: {', '.join(f.name for f in FAMILIES if f.parser)}. Run chat mode (no tokenizer: "
                 f"vLLM's `{family.tool_parser}` parser reads it)")
+    error = render_error(template_text)
+    if error:
+        return (f"{label} is {family.name} ({family.models}), but transformers' renderer (vLLM's too) cannot "
+                f"render a tool-using exchange with it: {error}")
+    return None
+
+
+_CHECK_TOOL = {"type": "function", "function": {"name": "check", "description": "polar check",
+                                                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}
+_CHECK_CALL = {"id": "polarchk1", "type": "function", "function": {"name": "check", "arguments": {"x": "y"}}}
+_CHECK_MESSAGES = [
+    {"role": "user", "content": "polar check"},
+    {"role": "assistant", "content": "", "tool_calls": [_CHECK_CALL]},
+    {"role": "tool", "tool_call_id": "polarchk1", "content": "polar result"},
+    {"role": "assistant", "content": "polar answer"},
+]  # fmt: skip
+
+
+def render_error(template_text: str) -> str | None:
+    """What the template raises on a tool-using exchange (None: it renders), as transformers (and vLLM) render."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    try:
+        render_jinja_template(conversations=[_CHECK_MESSAGES], tools=[_CHECK_TOOL], chat_template=template_text,
+                              add_generation_prompt=False)
+    except Exception as exc:  # noqa: BLE001 - a sandbox SecurityError, raise_exception(), undefined attributes
+        return f"{type(exc).__name__}: {exc}"
     return None
 
 

@@ -23,6 +23,8 @@ EXPECTED = {
     "llama-3.3": "llama3-json", "devstral": "mistral", "mistral-small-3.2": "mistral",
     "nemotron-3-nano": "nemotron-3",
 }  # fmt: skip
+# llama.cpp's copies of these use `list.append`, which transformers' sandbox (vLLM's renderer) refuses.
+UNRENDERABLE = {"kimi-k2-instruct", "kimi-k2-thinking"}
 TOY = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
 
 
@@ -70,9 +72,12 @@ def test_cli_check_on_each_real_template(label):
     path = family_template(label)
     family = detect(path.read_text())
     out = CliRunner().invoke(main, ["templates", "check", str(path), "--json"])
-    report = json.loads(out.output)
+    report = json.loads(out.output.splitlines()[-1])  # (transformers may say first that torch is absent)
     assert (report["family"], report["vllm_tool_parser"]) == (family.name, family.tool_parser)
-    assert report["token_faithful"] is bool(family.parser) and out.exit_code == (0 if family.parser else 1)
+    works = bool(family.parser) and label not in UNRENDERABLE
+    assert report["token_faithful"] is works and out.exit_code == (0 if works else 1), report["why_not"]
+    if label in UNRENDERABLE:
+        assert "cannot render" in report["why_not"] and "SecurityError" in report["why_not"]
     assert report["traits"]["system_at_start"] in (True, False)
 
 
