@@ -65,7 +65,8 @@ class _NoContinuation(Exception):
 class _Probe:
     end_of_turn: str  # the marker the template writes right after assistant content
     bridge: str  # what the template writes after it when the conversation ends there
-    tail: str  # sentinel + end_of_turn + bridge: how the probe's assistant turn must end in every render
+    tail: str  # sentinel + calls + end_of_turn + bridge: how the probe's assistant turn must end in every render
+    calls: str = ""  # the probe's tool-call markup between its content and end_of_turn (a call probe only)
 
 
 class ChatTemplate:
@@ -88,7 +89,7 @@ class ChatTemplate:
         self.family = family_for_template(text)
         ids = [tokenizer.eos_token_id, *(eos_token_ids or [])]
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in ids if isinstance(i, int)))
-        self._probes: dict[bool | None, _Probe] = {}
+        self._probes: dict[tuple[bool | None, int], _Probe] = {}
         self._generation_prompts: dict[bool | None, str] = {}
         self._whole: Callable[[str], list[int]] | None = None  # whole prompts' encoder (turn pieces reused)
 
@@ -182,7 +183,7 @@ class ChatTemplate:
     def end_of_turn(self) -> str | None:
         """The stop token the template writes right after assistant content (None: it writes none)."""
         try:
-            return self._probe(None).end_of_turn
+            return self._probe(None, 0).end_of_turn
         except _NoContinuation:
             return None
 
@@ -206,9 +207,14 @@ class ChatTemplate:
         first with the template's end-of-turn marker. When the template cannot render the new
         messages on their own, the result has `failure` set and no ids.
         """
+        new = openai_messages(new_messages)
+        # Tool results follow a turn that called those tools: some templates render them from it (MiniMax-M2
+        # refuses them without one, DeepSeek-V3.2 writes one results block for all of its calls), so the probe
+        # turn makes as many calls as tool results lead the new messages.
+        calls = next((i for i, m in enumerate(new) if m.get("role") != "tool"), len(new))
         try:
-            probe = self._probe(enable_thinking)
-            messages = [*_probe_messages(), *openai_messages(new_messages)]
+            probe = self._probe(enable_thinking, calls)
+            messages = [*_probe_messages(calls), *new]
             rendered = self.render(messages, tools, True, enable_thinking)
         except _NoContinuation as exc:
             return Continuation.failed(str(exc))
@@ -220,7 +226,7 @@ class ChatTemplate:
                 "the template ends an assistant turn differently when messages follow it, so the sampled "
                 "end-of-turn tokens are not what a re-render would show"
             )
-        text = rendered[at + len(PROBE_SENTINEL) + len(probe.end_of_turn) :]
+        text = rendered[at + len(PROBE_SENTINEL) + len(probe.calls) + len(probe.end_of_turn) :]
         if not previous_ended_with_eos:
             text = probe.end_of_turn + text
         return Continuation(
@@ -259,29 +265,34 @@ class ChatTemplate:
             tools=tools,
         )
 
-    def _probe(self, enable_thinking: bool | None) -> _Probe:
-        if enable_thinking not in self._probes:
-            self._probes[enable_thinking] = self._measure_probe(enable_thinking)
-        return self._probes[enable_thinking]
+    def _probe(self, enable_thinking: bool | None, calls: int = 0) -> _Probe:
+        key = (enable_thinking, calls)
+        if key not in self._probes:
+            self._probes[key] = self._measure_probe(enable_thinking, calls)
+        return self._probes[key]
 
-    def _measure_probe(self, enable_thinking: bool | None) -> _Probe:
+    def _measure_probe(self, enable_thinking: bool | None, calls: int) -> _Probe:
         try:
-            rendered = self.render(_probe_messages(), None, False, enable_thinking)
+            rendered = self.render(_probe_messages(calls), None, False, enable_thinking)
         except GatewayError as exc:
             raise _NoContinuation(f"the template cannot render a user/assistant exchange: {exc.message}") from None
         at = rendered.rfind(PROBE_SENTINEL)
         after = rendered[at + len(PROBE_SENTINEL) :] if at >= 0 else ""
         markers = [self.tokenizer.convert_ids_to_tokens(i) for i in self.eos_token_ids]
-        end_of_turn = next((m for m in markers if isinstance(m, str) and after.startswith(m)), None)
+        markup = ""
+        if calls:  # the calls' markup comes first: the turn ends at the first stop token after it
+            found = [i for m in markers if isinstance(m, str) and (i := after.find(m)) >= 0]
+            markup = after[: min(found)] if found else ""
+        end_of_turn = next((m for m in markers if isinstance(m, str) and after.startswith(m, len(markup))), None)
         if end_of_turn is None:
             raise _NoContinuation(
                 f"the template does not end an assistant turn with a stop token right after its content "
                 f"(it writes {after[:40]!r}; stop tokens: {markers})"
             )
-        bridge = after[len(end_of_turn) :]
+        bridge = after[len(markup) + len(end_of_turn) :]
         if any(m in bridge for m in markers if isinstance(m, str)):
             raise _NoContinuation(f"the template writes more than one stop token after an assistant turn: {after!r}")
-        return _Probe(end_of_turn, bridge, PROBE_SENTINEL + after)
+        return _Probe(end_of_turn, bridge, PROBE_SENTINEL + after, markup)
 
 
 # -- OpenAI-shaped inputs, as vLLM hands them to templates ---------------------------------------
@@ -333,8 +344,12 @@ def _with_argument_objects(message: dict[str, Any], index: int) -> dict[str, Any
     return {**message, "tool_calls": parsed}
 
 
-def _probe_messages() -> list[dict[str, Any]]:
-    return [{"role": "user", "content": PROBE_USER}, {"role": "assistant", "content": PROBE_SENTINEL}]
+def _probe_messages(calls: int = 0) -> list[dict[str, Any]]:
+    assistant: dict[str, Any] = {"role": "assistant", "content": PROBE_SENTINEL}
+    if calls:
+        assistant["tool_calls"] = [{"id": f"polarprb{i}", "type": "function",
+                                    "function": {"name": "polar_probe", "arguments": {}}} for i in range(1, calls + 1)]
+    return [{"role": "user", "content": PROBE_USER}, assistant]
 
 
 def _generation_eos_ids(path: Path) -> list[int]:
