@@ -58,7 +58,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3", "qwen3", "Qwen2.5, Qwen3 (hybrid), QwQ, Hermes-style", "hermes", "qwen3", ("<tool_call>", "<|im_start|>"),
            '<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>'),
     # functionary's Llama-based templates write their own calls (`<function=NAME>`, `>>>NAME`).
-    Family("llama3-json", "", "Llama-3.1, 3.2, 3.3", "llama3_json", "", ("<|start_header_id|>", "<|eot_id|>", "parameters"),
+    Family("llama3-json", "llama3_json", "Llama-3.1, 3.2, 3.3", "llama3_json", "", ("<|start_header_id|>", "<|eot_id|>", "parameters"),
            '{"name": NAME, "parameters": {...}} (or after <|python_tag|>)', ("<function=", ">>>")),
     Family("mistral", "", "Mistral-Small, Devstral", "mistral", "mistral", ("[TOOL_CALLS]", "[INST]"),
            "[TOOL_CALLS]NAME[ARGS]{json} (older: [TOOL_CALLS][{...}])"),

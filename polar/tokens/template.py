@@ -220,8 +220,8 @@ class ChatTemplate:
             return Continuation.failed(str(exc))
         except GatewayError as exc:
             return Continuation.failed(f"the template cannot render the new messages on their own: {exc.message}")
-        at = rendered.find(PROBE_SENTINEL, max(rendered.find(PROBE_USER), 0))
-        if at < 0 or not rendered.startswith(probe.tail, at):
+        at = rendered.find(probe.tail, max(rendered.find(PROBE_USER), 0))
+        if at < 0:
             return Continuation.failed(
                 "the template ends an assistant turn differently when messages follow it, so the sampled "
                 "end-of-turn tokens are not what a re-render would show"
@@ -347,8 +347,10 @@ def _with_argument_objects(message: dict[str, Any], index: int) -> dict[str, Any
 def _probe_messages(calls: int = 0) -> list[dict[str, Any]]:
     assistant: dict[str, Any] = {"role": "assistant", "content": PROBE_SENTINEL}
     if calls:
+        # the calls are named by the sentinel too: a template that writes no content beside calls (Llama) still shows
+        # where the probe's turn is; the turn's end is measured after the last one.
         assistant["tool_calls"] = [{"id": f"polarprb{i}", "type": "function",
-                                    "function": {"name": "polar_probe", "arguments": {}}} for i in range(1, calls + 1)]
+                                    "function": {"name": PROBE_SENTINEL, "arguments": {}}} for i in range(1, calls + 1)]
     return [{"role": "user", "content": PROBE_USER}, assistant]
 
 

@@ -31,7 +31,7 @@ TOOLS = [
 ]  # fmt: skip
 # The labels (tests/conftest.py FAMILY_TEMPLATES) whose template transformers renders, one per family polar parses.
 CORPUS_TEMPLATES = ("qwen3", "qwen3.5", "nemotron-3-nano", "glm-4.6", "glm-4.7", "deepseek-v3.1", "deepseek-v3.2",
-                    "deepseek-v4", "kimi-k2", "minimax-m2")
+                    "deepseek-v4", "kimi-k2", "minimax-m2", "llama-3.3")
 # Each family's special tokens: the stand-in vocabulary vLLM's parsers look up (Qwen3.5's plus these).
 SPECIAL_TOKENS = {
     "glm45": ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<think>",
@@ -43,6 +43,7 @@ SPECIAL_TOKENS = {
     "deepseek_v4": ["<think>", "</think>", "<｜end▁of▁sentence｜>"],
     "kimi_k2": ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
                 "<|tool_call_end|>", "<|tool_call_argument_begin|>", "<think>", "</think>", "<|im_end|>"],
+    "llama3_json": ["<|python_tag|>", "<|eot_id|>", "<|eom_id|>", "<|start_header_id|>", "<|end_header_id|>"],
     "qwen3": [], "qwen3_xml": [],
 }  # fmt: skip
 
@@ -64,6 +65,9 @@ TURNS: dict[str, dict[str, Any]] = {
     "empty-arguments": {"reasoning_content": "Nothing to pass.", "content": "", "tool_calls": [_call(1, "list_dir", {})]},
     "answer": {"reasoning_content": "Easy.", "content": "It is sunny in Paris, 21 °C.\nEnjoy!"},
 }  # fmt: skip
+
+
+ONE_CALL_A_TURN = {"llama-3.3"}  # its template raises on parallel calls
 
 
 @dataclass
@@ -92,7 +96,12 @@ def build(templates: dict[str, str], tokenizer: Any) -> list[Sample]:
         bare = _render(tokenizer, text, user, False)
         prompt = _render(tokenizer, text, user, True)[len(bare) :]
         for name, turn in TURNS.items():
-            whole = _render(tokenizer, text, [*user, {"role": "assistant", **turn}], False)
+            try:
+                whole = _render(tokenizer, text, [*user, {"role": "assistant", **turn}], False)
+            except Exception as exc:  # noqa: BLE001 - Llama's template takes one call a turn: no such sample
+                if "single tool-call" not in str(exc):
+                    raise
+                continue
             assert whole.startswith(bare), (label, name)
             sample, think_open = _after_prompt(whole[len(bare) :], prompt)
             sample = _cut_at_end(sample, PARSERS[family.parser].stop_texts)
@@ -104,10 +113,10 @@ def build(templates: dict[str, str], tokenizer: Any) -> list[Sample]:
                         # DeepSeek's templates and reasoning parsers take `thinking` (unset: V4's parser assumes it on)
                         chat_template_kwargs={"thinking": think_open} if "deepseek" in label else {})
             samples.append(Sample(f"{label}/{name}", **base, finish_reason="stop", text=sample, expected_calls=calls))
-            if name == "parallel":  # cut by max_tokens inside the second call
-                cut = sample.rfind("list_dir") + 3
+            if name == "parallel" or (name == "one-call" and label in ONE_CALL_A_TURN):  # cut inside its last call
+                cut = sample.rfind("list_dir") + 3 if name == "parallel" else sample.rfind("Paris")
                 samples.append(Sample(f"{label}/cut-by-max-tokens", **base, finish_reason="length", text=sample[:cut],
-                                      expected_calls=calls[:1]))
+                                      expected_calls=calls[:-1]))
     return samples
 
 

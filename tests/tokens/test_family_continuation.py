@@ -20,8 +20,9 @@ from tests.tokens.test_template import SHAPES, TOOLS, shape
 # The stop tokens each family's generation config names (what ends a sampled turn).
 END_TOKENS = {"glm45": ["<|user|>", "<|observation|>", "<|endoftext|>"], "minimax_m2": ["[e~["],
               "deepseek_v31": ["<｜end▁of▁sentence｜>"], "deepseek_dsml": ["<｜end▁of▁sentence｜>"],
-              "deepseek_v4": ["<｜end▁of▁sentence｜>"], "kimi_k2": ["<|im_end|>"], "qwen3_xml": ["<|im_end|>"]}
-CONTINUES = ["deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "kimi-k2", "minimax-m2", "nemotron-3-nano"]
+              "deepseek_v4": ["<｜end▁of▁sentence｜>"], "kimi_k2": ["<|im_end|>"], "qwen3_xml": ["<|im_end|>"],
+              "llama3_json": ["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"]}
+CONTINUES = ["deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "kimi-k2", "minimax-m2", "nemotron-3-nano", "llama-3.3"]
 # Where the template's history rules re-render the sampled turn differently once a user message follows
 # (its reasoning is dropped): the token-faithful prompt keeps what was sampled, a re-render would not.
 REWRITES_HISTORY = {("deepseek-v3.2", "user_after_tools"), ("minimax-m2", "user_after_tools"),
@@ -47,8 +48,11 @@ def stand_in(tokenizer_dir):
     return get
 
 
-@pytest.mark.parametrize("shape_name", SHAPES)
-@pytest.mark.parametrize("label", CONTINUES)
+# Llama-3.3's template raises on parallel calls (a 400 in chat mode and token-faithful alike): no such turn there.
+CASES = [(label, name) for label in CONTINUES for name in SHAPES if (label, name) != ("llama-3.3", "parallel_tools")]
+
+
+@pytest.mark.parametrize("label,shape_name", CASES)
 def test_continuation_is_what_the_real_template_writes(stand_in, label, shape_name):
     ct = stand_in(label)
     before, msg, new = shape(shape_name, True)
