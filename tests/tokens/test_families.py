@@ -89,3 +89,15 @@ def test_cli_check_refuses_unknown_and_unreadable(tmp_path, tokenizer_dir):
     assert CliRunner().invoke(main, ["templates", "check", str(tmp_path / "none.jinja")]).exit_code == 2
     ok = CliRunner().invoke(main, ["templates", "check", str(PROJECT_TEMPLATE), "--tokenizer", str(tokenizer_dir)])
     assert ok.exit_code == 0 and "token-faithful: yes" in ok.output
+
+
+def test_the_token_faithful_backend_refuses_to_start_on_an_unknown_template(tokenizer_dir, tmp_path):
+    """What `polar proxy --tokenizer … --chat-template …` builds (polar/upstream/fleet/build.py) raises before
+    serving; without a tokenizer (chat mode: vLLM renders and parses) the same template is taken."""
+    from polar.upstream.fleet.build import upstream_backend
+
+    toy = tmp_path / "toy.jinja"
+    toy.write_text(TOY)
+    with pytest.raises(UnknownTemplate, match="not one polar can classify"):
+        upstream_backend(["http://127.0.0.1:9"], tokenizer=str(tokenizer_dir), chat_template=str(toy))
+    assert upstream_backend(["http://127.0.0.1:9"], chat_template=str(toy)) is not None
