@@ -44,7 +44,9 @@ class _Listening:
     extra: dict[str, Any] = field(default_factory=dict)  # further mitmproxy / polar options, by mitmproxy name
 
     def mitm_options(self) -> dict[str, Any]:
-        spec = f"reverse:{self.upstream}@{self.port}" if self.mode == "reverse" else f"regular@{self.port}"
+        # mitmproxy's reverse mode names one server (polar answers every call itself): a fleet's first will do.
+        first = (self.upstream.replace(",", " ").split() or [self.upstream])[0]
+        spec = f"reverse:{first}@{self.port}" if self.mode == "reverse" else f"regular@{self.port}"
         opts: dict[str, Any] = {
             "mode": [spec],
             "listen_host": self.host,
