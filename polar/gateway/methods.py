@@ -10,15 +10,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from polar.errors import GatewayError
-from polar.providers import HttpReply, ProviderSet
+from polar.providers import HttpReply, ProviderSet, Route
 
 MODEL_METHODS = "POST, OPTIONS"
 SIDE_METHODS = "GET, HEAD, OPTIONS"
 
 
-def allowed(providers: ProviderSet, path: str, query: dict[str, str], headers: dict[str, str]) -> str | None:
-    """The `Allow` value for a path polar serves, None for a path it does not know."""
-    if providers.detect("POST", path, query, headers) is not None:
+def allowed(route: Route | None, path: str) -> str | None:
+    """The `Allow` value for a path polar serves, None for a path it does not know. `route`: the model endpoint a
+    POST to this path would reach (providers only route POSTs)."""
+    if route is not None:
         return MODEL_METHODS
     if path in ("/", "") or path.rstrip("/").endswith("/models"):
         return SIDE_METHODS

@@ -42,11 +42,12 @@ from polar.providers import ProviderSet, Sealer
 from polar.providers.base import HttpReply, Parsed, Provider, Route
 from polar.providers.history import Histories
 from polar.sessions.fingerprints import answer_message, message_fingerprint
-from polar.sessions.identity import Identity, SessionRegistry, redact
+from polar.sessions.identity import SESSION_HEADER, Identity, SessionRegistry, redact
 from polar.sessions.state import NO_BRANCH, Branch, SessionState, SessionStates, SessionView, Turn, new_turn
 from polar.tokens.shaping import ANY_TEMPLATE, shape
 from polar.upstream.base import Backend, UpstreamStream
 
+CALL_ID_HEADER = "x-polar-call-id"  # beside identity.SESSION_HEADER on every answer
 log = logging.getLogger("polar.gateway")
 
 
@@ -107,10 +108,11 @@ class Gateway:
             return GatewayReply(headers_only(out.reply), out.meta)
         ident = self.registry.resolve(req.path, req.headers, req.client_addr)
         path = ident.path
-        side = await self._side_call(req, path)
+        # Detected once: the model endpoint a POST to this path reaches (what the path allows follows from it).
+        route = self.providers.detect("POST", path, req.query, req.headers)
+        side = await self._side_call(req, path, route)
         if side is not None:
             return GatewayReply(side, {"session": ident.session, "kind": "side-call"})
-        route = self.providers.detect(req.method, path, req.query, req.headers)
         provider = route.provider if route else self.providers.guess(path, req.headers)
         if route is None and req.method != "POST":
             # Not a model call (a client's settings or feature-flag channel, a probe): no capture.
@@ -120,13 +122,13 @@ class Gateway:
 
     # -- side calls: answered, not captured ---------------------------------------------------
 
-    async def _side_call(self, req: GatewayRequest, path: str) -> HttpReply | None:
+    async def _side_call(self, req: GatewayRequest, path: str, route: Route | None) -> HttpReply | None:
         if req.headers.get("upgrade", "").lower() == "websocket":
             # Codex tries Responses-over-WebSocket first and falls back to HTTP when refused.
             err = GatewayError("invalid_request", "polar serves the Responses API over HTTP only; WebSocket refused")
             err.status = 426
             return self.providers.guess(path, req.headers).render_error(err)
-        allow = allowed(self.providers, path, req.query, req.headers)
+        allow = allowed(route, path)  # a route is taken by POST alone: any other method is answered here
         if allow and (refused := method_reply(self.providers, req.method, path, allow, req.headers)):
             return refused  # OPTIONS, or a method the path does not take: not a model call
         if path in ("/", "") and req.method == "GET":
@@ -174,11 +176,11 @@ class Gateway:
             reply, end = self._error(provider, GatewayError("internal", f"polar failed on this call: {type(exc).__name__}: {exc}"))
         if failure := await settle(end, call_state.result):  # not durable → the client must not proceed as if it were
             reply = provider.render_error(GatewayError("internal", f"polar could not record this call: {failure}"))
-        reply.headers.update({"x-polar-call-id": call.call_id, "x-polar-session": ident.session})
+        reply.headers.update(_ids(call, ident))
         return GatewayReply(reply, meta)
 
     def _stream_reply(self, opened: _Opened, provider: Provider, call: CallStart, ident: Identity, settle) -> StreamReply:
-        ids = {"x-polar-call-id": call.call_id, "x-polar-session": ident.session}
+        ids = _ids(call, ident)
         stream = StreamingCall(opened.upstream, opened.renderer, settle, opened.slot, self.keepalive_s,
                                provider_status=lambda err: err.status or provider.statuses[err.kind],
                                refuse=lambda err: self._error(provider, err), headers=ids)
@@ -372,3 +374,8 @@ class _Call:
         end.replica = result.replica or end.replica
         end.tokens = TokenRecord(self.prompt, result.completion_token_ids, result.completion_logprobs,
                                  self.branch.lineage)
+
+
+def _ids(call: CallStart, ident: Identity) -> dict[str, str]:
+    """The headers naming the call and its session on every answer (the session's by the header clients send)."""
+    return {CALL_ID_HEADER: call.call_id, SESSION_HEADER: ident.session}
