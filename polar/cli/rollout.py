@@ -54,9 +54,12 @@ def rollout() -> None:
 @click.option("--ray-cpus", default=1.0, show_default=True, type=float, help="CPUs each node actor declares.")
 @click.option("--simulate", default=None, type=float, metavar="SCALE",
               help="Dry run: sessions only sleep for their task's metadata.sim durations (× SCALE); no gateway.")
+@click.option("--watchdog", default=None, metavar="JSON", callback=lambda ctx, param, v: _watchdog(v),
+              help='The long-tail cut for every session (a task\'s "watchdog" overrides it), e.g. '
+                   '\'{"repeated_tool_calls": 8, "stall_seconds": 300, "token_budget": 200000}\' (docs/tasks.md).')
 def serve(host, port, token, state_path, proxy_port, init_workers, ready_size, running_slots, postrun_workers,
           max_staleness, docker, allow_open_egress, node_grace, ray_address, ray_per_node, ray_cpus, simulate,
-          upstream_file, **options) -> None:
+          upstream_file, watchdog, **options) -> None:
     """Run the rollout server with one embedded gateway node (polar + the local and, optionally, docker runtimes).
     Several --upstream: the gateway (each Ray node's) routes over that fleet of replicas."""
     from polar.rollout.server import check_binding
@@ -70,7 +73,7 @@ def serve(host, port, token, state_path, proxy_port, init_workers, ready_size, r
     add_upstream_file(options, upstream_file)
     gateway = gateway_values(options, EMBEDDED_OPTIONS)  # upstream, upstream_model, tokenizer, db
     config = NodeConfig(init_workers=init_workers, ready_size=ready_size, running_slots=running_slots,
-                        postrun_workers=postrun_workers, max_staleness=max_staleness)
+                        postrun_workers=postrun_workers, max_staleness=max_staleness, watchdog=watchdog)
     if ray_address:
         phases = {"kind": "simulated", "scale": simulate} if simulate is not None else {
             "kind": "gateway", **gateway, "db": str(Path(gateway["db"]).resolve()), "port": 0, "docker": docker,
@@ -135,6 +138,15 @@ def status(server, token) -> None:
     click.echo(json.dumps(status, indent=2))
     for line in unhealthy_lines(status):
         click.echo(f"warning: {line}", err=True)
+
+
+def _watchdog(text: str | None):
+    from polar.rollout.tasks import WatchdogOptions
+
+    try:
+        return WatchdogOptions.model_validate_json(text) if text else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--watchdog") from None
 
 
 def unhealthy_lines(status: dict) -> list[str]:

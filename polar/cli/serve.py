@@ -62,7 +62,7 @@ def proxy(mode, host, port, web, web_port, sets, workers, upstream_file, **optio
 
 def _serve_workers(config, count: int) -> int:
     from polar.capture.shards import shard_path
-    from polar.mitm.workers import WorkerSet
+    from polar.supervise.workers import WorkerSet
 
     try:
         workers = WorkerSet(config, count)

@@ -81,6 +81,8 @@ def _summary(data: RunData) -> Section:
     if data.has_state:
         outcomes = Counter(r.outcome for r in results)
         rows.append(["outcomes", " · ".join(f"{o} {n}" for o, n in outcomes.most_common()) or "none yet"])
+        cut = Counter(r.cut["reason"] for r in results if r.cut)
+        rows.append(["cut by the watchdog", " · ".join(f"{o} {n}" for o, n in sorted(cut.items())) or "none"])
         rewards = [r.reward for r in results if r.reward is not None]
         rows.append(["mean reward", f"{statistics.fmean(rewards):.3f} over {len(rewards)} scored sessions "
                      f"(min {min(rewards):.3f}, max {max(rewards):.3f})" if rewards else "no session scored"])

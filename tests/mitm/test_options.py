@@ -21,10 +21,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _mitmproxy_options(tmp_path, monkeypatch) -> dict:
-    from polar.mitm.addon import PolarAddon
+    from polar.mitm.chain import polar_addons
 
     monkeypatch.chdir(tmp_path)  # loading configures every option once, the default database included
-    with taddons.context(PolarAddon()) as tctx:
+    with taddons.context(*polar_addons()) as tctx:
         return {name: option for name, option in tctx.options.items() if name.startswith("polar_")}
 
 
@@ -70,3 +70,27 @@ def test_no_default_upstream_or_database_is_spelled_outside_the_spec():
         if path.name != "options.py":
             text = path.read_text()
             assert upstream not in text and f'default="{db}"' not in text and f': str = "{db}"' not in text, path
+
+
+def test_each_option_is_declared_by_the_one_addon_that_reads_it_and_both_entry_points_load_the_same_chain():
+    import runpy
+
+    from polar.mitm.chain import polar_addons
+
+    declared: dict[str, list[str]] = {}
+
+    class Recording:  # stands in for mitmproxy's Loader: records who declares what
+        def __init__(self, addon):
+            self.addon = addon
+
+        def add_option(self, name, *args, **kwargs):
+            declared.setdefault(name, []).append(type(self.addon).__name__)
+
+    chain = polar_addons()
+    for addon in chain:
+        if hasattr(addon, "load"):
+            addon.load(Recording(addon))
+    assert sorted(declared) == sorted(SPEC) and all(len(by) == 1 for by in declared.values()), declared
+    assert declared["polar_drain"] == ["DrainAddon"]  # declared where it is read (mitm/shutdown.py)
+    script = runpy.run_path(str(REPO / "addons" / "polar_gateway.py"))["addons"]
+    assert [type(a) for a in script] == [type(a) for a in chain]
