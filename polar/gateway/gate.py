@@ -3,8 +3,8 @@
 A trainer pauses sampling, waits for in-flight calls (`drain`), swaps weights and resumes with the
 new policy version, which calls record when the upstream reports none itself. Paused calls wait,
 they are not refused: harnesses just see a slower answer. A resume under a new version opens the gate
-once `before_resume` has run (a fleet of replicas takes out those not serving that version). Use on the proxy's event loop (from
-another thread: loop.call_soon_threadsafe / asyncio.run_coroutine_threadsafe).
+once `before_resume` has run (a fleet of replicas takes out those not serving that version). Use on the
+proxy's event loop (from another thread: loop.call_soon_threadsafe / asyncio.run_coroutine_threadsafe).
 
 Two versions meet here, each of one type: the trainer's (an int counting its updates, as rollout/ holds it)
 and the label of the weights that served a call (a str, as vLLM's own `weight_version` is: what captures,
