@@ -111,11 +111,12 @@ class TokenFaithful:
 
     # -- sampling ----------------------------------------------------------------------------
 
+    async def context_length(self) -> int | None:
+        return await self.chat.context_length()
+
     async def _limit(self) -> int:
         if self._max_model_len is None:
-            listing = await self.chat.http.call("GET", "/v1/models")
-            cards = listing.get("data", []) if isinstance(listing, dict) else []
-            self._max_model_len = next((c.get("max_model_len") for c in cards if c.get("max_model_len")), 0) or 32768
+            self._max_model_len = await self.chat.context_length() or 32768
         return self._max_model_len
 
     async def _sampling_request(self, prompt_ids: Sequence[int], request: ChatRequest, stream: bool) -> tuple[str, dict]:
