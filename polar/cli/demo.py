@@ -61,7 +61,8 @@ def scripted_rule(task: TaskSpec, harness: Harness) -> dict[str, Any]:
     read = harness.read_tool(f"{WORKDIR}/{scripted['file']}")
     calls = ([read] if read else []) + [harness.shell_tool(scripted["fix"])]
     steps = [{"reasoning": REASONING, "content": "", "tool_calls": [call]} for call in calls]
-    return {"match": scripted["marker"], "steps": [*steps, {"reasoning": DONE_REASONING, "content": "Fixed."}]}
+    done = {"reasoning": DONE_REASONING, "content": "Fixed.", "tool_calls": [end] if (end := harness.end_tool()) else []}
+    return {"match": scripted["marker"], "steps": [*steps, done]}
 
 
 def demo_tasks(path: Path, harness: str, runtime: str, samples: int) -> list[TaskSpec]:

@@ -123,6 +123,11 @@ class Harness(ABC):
     def shell_tool(self, cmd: str) -> dict[str, Any]:
         """The tool call (name, arguments) a model makes to have this harness run `cmd`."""
 
+    def end_tool(self) -> dict[str, Any] | None:
+        """The tool call that ends a run, for a harness that ends only by one (mini-swe-agent's submit);
+        None: it ends when the model answers without a tool call."""
+        return None
+
     def read_tool(self, path: str) -> dict[str, Any] | None:
         """The tool call that reads `path` first, for harnesses that refuse to change unread files."""
         return None
