@@ -83,7 +83,8 @@ def run_main_job(workdir: Path, tokenizer_dir: Path, harness: str = "claude_code
             db.with_name(db.name + suffix).unlink(missing_ok=True)
     tasks = demo_tasks(tasks_path, harness, runtime, samples)
     script = Script.from_json({"rules": [scripted_rule(t, get(harness)) for t in tasks]})
-    upstream = BackgroundServer(ScriptedVLLM(tokenizer_dir, "polar-tiny", script=script).app)
+    # A window as wide as real Qwen3.5 deployments serve: Hermes Agent refuses one under 64K tokens.
+    upstream = BackgroundServer(ScriptedVLLM(tokenizer_dir, "polar-tiny", script=script, max_model_len=131072).app)
     upstream_url = upstream.start()
     proxy, env = embedded_gateway(upstream_url, str(captures), 0, tokenizer=str(tokenizer_dir),
                                   docker=runtime == "docker")

@@ -11,6 +11,7 @@ from polar.harnesses.codex import CODEX
 from polar.harnesses.gemini_cli import GEMINI_CLI
 from polar.harnesses.hermes import HERMES
 from polar.harnesses.mini_swe_agent import MINI_SWE_AGENT, MiniSweAgent
+from polar.harnesses.openclaw import OPENCLAW
 from polar.harnesses.opencode import OPENCODE
 from polar.harnesses.pi import PI
 from polar.harnesses.python_agent import PYTHON_AGENT, PythonAgent
@@ -19,7 +20,8 @@ from polar.harnesses.shell import SHELL, Shell
 
 CLIS: tuple[Harness, ...] = (CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, PI, QWEN_CODE)  # installed from npm
 PYTHON_AGENTS: tuple[Harness, ...] = (HERMES, MINI_SWE_AGENT)  # installed from PyPI
-HARNESSES: dict[str, Harness] = {h.name: h for h in (*CLIS, *PYTHON_AGENTS, SHELL, PYTHON_AGENT)}
+# Installed from npm too, but configured with polar's base URL (its provider config names no default host).
+HARNESSES: dict[str, Harness] = {h.name: h for h in (*CLIS, OPENCLAW, *PYTHON_AGENTS, SHELL, PYTHON_AGENT)}
 
 
 def get(name: str) -> Harness:

@@ -45,3 +45,19 @@ def test_hermes_configures_no_context_length():
     argv, env = make_harness("hermes").launch(TASK, CTX)
     assert env["CUSTOM_BASE_URL"] == "http://172.26.0.1/v1" and "--provider" in argv
     assert not any("context" in a.lower() for a in [*argv, *env])
+
+
+def test_openclaw_is_configured_with_polar_at_launch():
+    import json
+
+    harness = make_harness("openclaw")
+    argv, env = harness.launch(TASK, CTX)
+    assert argv[-1] == TASK and argv.count(TASK) == 1 and harness.needs_container
+    config = json.loads(env["POLAR_OPENCLAW_CONFIG"])
+    provider = config["models"]["providers"]["polar"]
+    assert (provider["baseUrl"], provider["apiKey"], provider["api"]) == ("http://172.26.0.1/v1", CTX.api_key,
+                                                                         "openai-completions")
+    assert config["agents"]["defaults"]["model"]["primary"] == "polar/polar-policy"
+    assert config["update"]["checkOnStart"] is False and env["OPENCLAW_NO_AUTO_UPDATE"] == "1"
+    messages = make_harness("openclaw", {"api": "anthropic-messages"}).config("http://p", "k")
+    assert messages["models"]["providers"]["polar"]["baseUrl"] == "http://p"
