@@ -11,6 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support import scheduling
+
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))
 
@@ -25,6 +27,22 @@ TEMPLATE_SIGNS = {
     "qwen3-hybrid": ("For each function call, return a json object", '<tool_call>\n{"name": "'),
     "qwen3-coder": ("If you choose to call a tool ONLY reply", "<tool_call>\n<function="),
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any xdist worker starts: mitmproxy's CA, which every in-process proxy of every worker reads (two
+    proxies creating it at once would leave a key that does not match its certificate)."""
+    if not hasattr(config, "workerinput"):
+        from mitmproxy import certs
+        from mitmproxy.addons.tlsconfig import CONF_BASENAME
+        from mitmproxy.options import KEY_SIZE
+
+        certs.CertStore.from_store(Path.home() / ".mitmproxy", CONF_BASENAME, KEY_SIZE)
+
+
+@pytest.hookimpl(trylast=True)  # after the integration tests' own ordering and template subsets
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    scheduling.schedule(config, items)
 
 
 def templates_dir() -> Path:

@@ -4,14 +4,14 @@ Each call stores a few small values shaped like every other call's: its request 
 on every call of a harness), its canonical request beside the messages, its result, its response (a
 streamed answer is one event per token) and its new messages. Compressed one by one, each pays again for
 the keys and framing it shares with all the others. Compressed with a dictionary trained on the first
-SAMPLES values of its kind, what they share is nearly free: at turn 120 of a Claude Code session the
-headers go from 430 to ~70 bytes a call, a streamed response from 1.2 KB to ~0.6 (docs/benchmarks.md).
+SAMPLES values of its kind, what they share is nearly free: a harness's headers and streamed responses
+shrink several-fold (docs/benchmarks.md, "Storage at the agent shape").
 
 A dictionary is stored in the `dictionaries` table under its own zstd dictionary id, which each frame
 compressed with it names in its header: a value still says by itself how to read it, and the column
 formats stay what they were ("zstd", or a BLOB in a JSON column). A dictionary is used only once the
 transaction storing it has committed, so no committed row names one that is not there; it is trained and
-stored by the writer's thread (~40 ms, once per kind and database), and a writer opening a database that
+stored by the writer's thread (once per kind and database), and a writer opening a database that
 has dictionaries uses the newest of each kind. A dictionary learns from the database's first values: a
 harness that arrives later gains less from it, never much worse than none (a few bytes a value).
 """

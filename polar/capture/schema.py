@@ -115,10 +115,10 @@ def presize_wal(conn: sqlite3.Connection, path: str, synchronous: str) -> None:
     """Grow the WAL to its checkpoint size once, at start-up, instead of during the first captures.
 
     A commit that appends to the WAL changes the file's size, so its fsync must also flush file
-    system metadata (0.8-2 ms per commit on this project's test VMs); a commit that overwrites
-    WAL pages already written flushes data only (~0.4 ms). SQLite reuses the WAL from its start
-    after each checkpoint, so once the file has reached the checkpoint size every commit
-    overwrites: this takes the growth (~50 ms, ~4 MB of pages later reused) off the capture path.
+    system metadata, several times the cost of a commit that overwrites WAL pages already
+    written and flushes data only. SQLite reuses the WAL from its start after each checkpoint, so
+    once the file has reached the checkpoint size every commit overwrites: this takes the growth
+    (~4 MB of pages, later reused) off the capture path.
     """
     page, pages = (conn.execute(f"PRAGMA {name}").fetchone()[0] for name in ("page_size", "wal_autocheckpoint"))
     wal = Path(path + "-wal")

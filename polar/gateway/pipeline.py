@@ -1,6 +1,6 @@
 """The gateway pipeline, independent of mitmproxy: one HTTP request in, one HTTP reply out.
 
-    detect provider → resolve session → parse → session state → upstream, and as it works the
+    resolve session → detect provider → parse → shape → session state → upstream, and as it works the
     capture arrival (pending) → render → capture completion (durable) → remember the turn → reply
 
 The mitmproxy addon, the CLI and the tests all drive this one class. Every path out of

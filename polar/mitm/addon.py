@@ -22,7 +22,6 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from mitmproxy import contentviews, ctx, exceptions, http
@@ -30,6 +29,7 @@ from mitmproxy.net.http import status_codes
 
 from polar.capture import working_set
 from polar.capture.writer import CaptureWriter
+from polar.config.options import SPEC, add_options, check, rebuilding
 from polar.errors import GatewayError
 from polar.gateway.gate import SamplingGate
 from polar.gateway.pipeline import Gateway, GatewayReply, GatewayRequest
@@ -69,13 +69,10 @@ def flow_response(reply: HttpReply) -> http.Response:
                          http.Headers(fields), reply.body, None, now, now)
 
 
-WRITER_OPTIONS = {"polar_db", "polar_db_sync", "polar_db_busy_timeout"}
-BACKEND_OPTIONS = {
-    "polar_upstream", "polar_upstream_model", "polar_upstream_key", "polar_upstream_timeout",
-    "polar_tokenizer", "polar_chat_template", "polar_token_endpoint",
-}  # fmt: skip
-PROMPT_OPTIONS = {"polar_tokenizer", "polar_chat_template"}  # change the ids a session's turns hold
-GATEWAY_OPTIONS = {"polar_max_body", "polar_model_aliases", "polar_stream_keepalive", "polar_hot_sessions"}
+WRITER_OPTIONS = rebuilding("writer")
+BACKEND_OPTIONS = rebuilding("backend", "prompt")
+PROMPT_OPTIONS = rebuilding("prompt")  # change the ids a session's turns hold
+GATEWAY_OPTIONS = rebuilding("gateway")
 
 
 def token_faithful(chat: VLLMChat, tokenizer_dir: str, template_path: str, endpoint: str):
@@ -117,50 +114,7 @@ class PolarAddon:
 
     def load(self, loader) -> None:
         contentviews.add(PolarContentview(lambda: self.gateway))  # the "polar" view of each call in mitmweb
-        loader.add_option("polar_upstream", str, "http://127.0.0.1:8000", "Base URL of the vLLM server.")
-        loader.add_option("polar_upstream_model", str, "", "Served model name at the upstream ('' = ask its /v1/models).")
-        loader.add_option("polar_upstream_key", str, "", "API key polar sends to the upstream (never the client's).")
-        # int, not float: mitmproxy's `--set` cannot parse float options.
-        loader.add_option("polar_upstream_timeout", int, 600, "Seconds to wait for one upstream answer.")
-        loader.add_option("polar_db", str, "captures.db", "SQLite file that receives one row per model call.")
-        loader.add_option(
-            "polar_db_sync", str, "FULL", "SQLite synchronous mode for captures.", choices=["FULL", "NORMAL"]
-        )
-        loader.add_option(
-            "polar_db_busy_timeout", int, 30,
-            "Seconds a capture write waits for another process's lock on the database before the call fails.",
-        )
-        loader.add_option("polar_max_body", int, 64 * 1024 * 1024, "Largest request body accepted, in bytes.")
-        loader.add_option("polar_model_aliases", Sequence[str], [], "Extra model names listed on GET …/models.")
-        loader.add_option(
-            "polar_tokenizer", str, "",
-            "Hugging Face tokenizer dir of the served model. Set = token-faithful prompts (polar builds the prompt ids, "
-            "reusing each session's sampled ids); '' = vLLM renders the chat template.",
-        )
-        loader.add_option("polar_chat_template", str, "", "Jinja chat template file of the served model ('' = the tokenizer's own). Token-faithful prompts render "
-            "with it; in both modes polar shapes messages so that this template accepts them.")
-        loader.add_option(
-            "polar_token_endpoint", str, "auto", "Token-in vLLM endpoint.", choices=["auto", "generate", "completions"]
-        )
-        loader.add_option(
-            "polar_client_addr_header", str, "",
-            "Header naming the client's address, set by polar's own front (`polar proxy --workers`); '' = the "
-            "connection's peer. Only for a proxy no client reaches directly: a client could claim any address.",
-        )
-        loader.add_option(
-            "polar_drain", int, shutdown.DRAIN_S,
-            "Seconds calls in flight may go on once polar is told to stop (SIGTERM, SIGINT); then a stream ends with "
-            "its provider's error event and a call waiting upstream with an error answer, each captured.",
-        )
-        loader.add_option(
-            "polar_hot_sessions", int, working_set.HOT_SESSIONS,
-            "Sessions taking turns at once that polar keeps each one's history reads, body bases and token ids for "
-            "(~8 MB of memory per 128k-token session). Fewer fit: their calls redo that work (a warning says so).",
-        )
-        loader.add_option(
-            "polar_stream_keepalive", int, 5,
-            "Seconds a streamed answer may stay silent (queue, prefill) before the client gets a keep-alive; 0 = never.",
-        )
+        add_options(loader, SPEC)
 
     def running(self) -> None:
         # Keep streamed answers on their flows, so mitmweb shows them like any other answer.
@@ -172,13 +126,16 @@ class PolarAddon:
         # handlers replace the ones mitmproxy's main installed, which shut down at once, cutting calls in flight).
         shutdown.install(ctx.master, self)
         # What start-up built (mitmproxy, transformers, the template, ~200k objects) lives as long as the
-        # process: out of the collector's sight, a full collection no longer walks it. Each one cost
-        # ~150 ms, triggered by the objects an agent-sized request decodes to (py-spy: a 1.8x bucket).
+        # process: out of the collector's sight, a full collection no longer walks it. The objects an
+        # agent-sized request decodes to trigger full collections often, each walking all of start-up's.
         gc.freeze()
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
-        _check(opts, updated)
+        try:
+            check(opts, updated)
+        except ValueError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
         self._addr_header = opts.polar_client_addr_header  # read per call: mitmproxy copies an option's value on each read
         old = self.gateway
         if old is not None and not updated & (WRITER_OPTIONS | BACKEND_OPTIONS | GATEWAY_OPTIONS):
@@ -348,14 +305,3 @@ class PolarAddon:
         gateways = [*self._retired, self.gateway]
         for writer in {id(g.writer): g.writer for g in gateways if g is not None}.values():
             writer.close()
-
-
-def _check(opts, updated: set[str]) -> None:
-    """What mitmproxy lets through: `--set` does not hold a value to its option's choices (a typo in the commit
-    mode would capture with another one, silently), and no option has a lower bound."""
-    for name in sorted(n for n in updated if n.startswith("polar_")):
-        choices = opts._options[name].choices
-        if choices and getattr(opts, name) not in choices:
-            raise exceptions.OptionsError(f"{name} must be one of {', '.join(choices)}, not {getattr(opts, name)!r}")
-    if "polar_hot_sessions" in updated and opts.polar_hot_sessions < 1:
-        raise exceptions.OptionsError(f"polar_hot_sessions must be at least 1, not {opts.polar_hot_sessions}")

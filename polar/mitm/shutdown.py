@@ -28,18 +28,15 @@ from mitmproxy import ctx
 log = logging.getLogger("polar.shutdown")
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# `polar_drain`'s default: under Kubernetes' default grace of 30 s, with time left to end the rest. docker
-# stop's default is 10 s: there set polar_drain below it (or give docker stop -t more).
-DRAIN_S = 20
 STOP_MARGIN_S = 15  # past the drain: ending what is left and closing the writer, before a supervisor kills
 # mitmproxy sends an answer once the addon's hook returns, and has no hook for "sent": the last answers
 # get this long on a running loop (local writes) before shutting down cancels the connections' tasks.
 _WRITE_S = 0.2
 
 
-def stop_wait_s(options: dict[str, Any]) -> int:
-    """How long a supervisor waits for a stopped `polar proxy` with these `--set` options before killing it."""
-    return int(options.get("polar_drain", DRAIN_S)) + STOP_MARGIN_S
+def stop_wait_s(config: Any) -> int:
+    """How long a supervisor waits for a stopped `polar proxy` (its `ProxyConfig`) before killing it."""
+    return config.option("polar_drain") + STOP_MARGIN_S
 
 
 def wait_or_signal(proc: subprocess.Popen, seconds: float, then: int = signal.SIGKILL) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from polar.mitm.proxy import ProxyConfig
 
-# Hosts whose model APIs polar answers (wire/clis.md): the harnesses' default endpoints.
+# Hosts whose model APIs polar answers (the shared reference's wire/clis.md): the harnesses' default endpoints.
 PROVIDER_HOSTS: tuple[str, ...] = (
     "api.anthropic.com",
     "api.openai.com",

@@ -59,7 +59,8 @@ class WorkerSet:
         self._dir = tempfile.TemporaryDirectory(prefix="polar-front-")
         self.workers = [
             SubprocessProxy(replace(config, host="127.0.0.1", port=free_port(), db=str(shard_path(config.db, i)),
-                                    extra={**config.extra, "polar_client_addr_header": CLIENT_ADDR_HEADER}))
+                                    client_addr_header=CLIENT_ADDR_HEADER,  # the front's, whatever --set said
+                                    extra={k: v for k, v in config.extra.items() if k != "polar_client_addr_header"}))
             for i in range(count)
         ]
 
@@ -133,7 +134,7 @@ class WorkerSet:
         front, workers = self.children[len(self.workers):], self.children[: len(self.workers)]
         _signal(front, signal.SIGUSR1)
         _signal(workers, signal.SIGTERM)
-        _wait(workers, stop_wait_s(self.config.extra))
+        _wait(workers, stop_wait_s(self.config))
         _wait(front, _FRONT_FLUSH_S, then=signal.SIGTERM)  # answers haproxy still writes to slow clients
         _wait(front, STOP_MARGIN_S)
         self._dir.cleanup()

@@ -72,7 +72,7 @@ class _Read:
 def common_prefix(items: list[Any], texts: list[bytes | None], computed: list[bytes | None]) -> int:
     """How many leading `items` are the JSON an earlier read's `texts` say (by text, not `==`: 1 == 1.0 == True
     in Python, and a template renders each as written). The items' own texts are added to `computed` as far
-    as they are made (~0.25 ms for the 240 messages, 476 KB, of a Claude Code session's turn 120)."""
+    as they are made."""
     n = 0
     for item, text in zip(items, texts):
         if len(computed) <= n:

@@ -46,7 +46,7 @@ class Identity:
     refused: str | None = None  # a session the request named but its bound client may not act as
 
 
-HASHES_KEPT = 4096  # key hashes remembered (an HMAC a call otherwise: ~15 µs)
+HASHES_KEPT = 4096  # key hashes remembered (an HMAC a call otherwise)
 
 
 class SessionRegistry:

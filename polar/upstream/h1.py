@@ -3,8 +3,7 @@
 polar talks to one upstream (vLLM's OpenAI-compatible server, uvicorn), over HTTP/1.1, with JSON bodies
 and SSE streams, on every model call. A general client costs that path more than its own work: aiohttp's
 request machinery (URL and header objects, cookie jar, tracing, connector futures) takes about twice this
-client's CPU a call (scripts/bench_upstream_client.py: 405 against 197 µs for the small call, one at a
-time, on a slow hour of the 2-core development VM; wall 765 against 535 µs). What a general client gives
+client's CPU a call (scripts/bench_upstream_client.py measures both; docs/benchmarks.md). What a general client gives
 and polar needs is kept: a connection limit, keep-alive reuse below the server's own idle
 timeout, one retry when a reused connection turns out closed before any answer, connect and total
 timeouts, a stream's silence bounded, flow control, and a request abandoned mid-answer closing its

@@ -56,7 +56,7 @@ def chat_result(
 def token_array(ids: Any, what: str) -> np.ndarray:
     """Token ids from an upstream's JSON as the uint32 array every later step uses, converted once. A chat-mode
     answer carries the whole prompt's ids (100k+ at agent size): as a list, ChatResult would validate them one
-    by one and the gateway convert them again (~4 ms a call at 125k tokens, growing with the context)."""
+    by one and the gateway convert them again, a cost growing with the context."""
     try:
         return as_ids([] if ids is None else ids)
     except (TypeError, OverflowError, ValueError) as exc:

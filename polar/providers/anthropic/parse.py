@@ -147,7 +147,7 @@ class _Reader:
 
 def _without_billing(text: str) -> str | None:
     """The text without Claude Code's billing line; None when it holds none."""
-    if _BILLING_MARK not in text:  # a substring test first: the regex over an 18 KB prompt costs 70 µs
+    if _BILLING_MARK not in text:  # a substring test first: far cheaper than the regex over a long prompt
         return None
     stripped = _BILLING_LINE.sub("", text)
     return None if stripped == text else stripped
