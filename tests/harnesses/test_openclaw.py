@@ -16,10 +16,13 @@ from tests.e2e.test_edited_history import figures, occurs
 from tests.harnesses.test_python_agents import qwen35, run_fix  # noqa: F401
 from tests.rollout.conftest import node_env  # noqa: F401
 from tests.rollout.test_docker import docker_env  # noqa: F401
+from tests.support.scheduling import matrix_subset
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
+@matrix_subset(lambda params: params["api"] == "openai-completions")  # Messages: scripts/test_matrix (the
+# splice on Messages is in CI through tests/e2e/test_edited_history.py)
 @pytest.mark.parametrize(("api", "provider"), [("openai-completions", "openai_chat"), ("anthropic-messages", "anthropic")])
 def test_openclaw_default_configuration(qwen35, docker_env, tmp_path, api, provider):  # noqa: F811
     env, _ = docker_env
