@@ -40,7 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
         certs.CertStore.from_store(Path.home() / ".mitmproxy", CONF_BASENAME, KEY_SIZE)
 
 
-@pytest.hookimpl(trylast=True)  # after the integration tests' own ordering and template subsets
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids (its hook has no order)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     scheduling.schedule(config, items)
 

@@ -16,6 +16,8 @@ def _flag(o: Option) -> Callable:
     if o.many:
         return click.option(o.flag, o.field, multiple=True, default=list(o.default), metavar="TEXT",
                             help=f"{o.help} (once per item)")
+    if o.sep:  # given once per item, joined (gateway_values); none given: the default
+        return click.option(o.flag, o.field, multiple=True, metavar="TEXT", help=f"{o.help} [default: {o.default}]")
     if o.choices:
         kwargs["type"] = click.Choice(o.choices)
     elif o.type is int:
@@ -43,5 +45,5 @@ def gateway_flags(names: Iterable[str] | None = None) -> Callable:
 
 def gateway_values(params: dict, names: Iterable[str] | None = None) -> dict:
     """The flags' values by field (lists as lists), for `ProxyConfig(**…)`."""
-    return {o.field: list(params[o.field]) if o.many else params[o.field]
-            for o in OPTIONS if names is None or o.name in set(names)}
+    return {o.field: list(params[o.field]) if o.many else (o.sep.join(params[o.field]) or o.default) if o.sep
+            else params[o.field] for o in OPTIONS if names is None or o.name in set(names)}

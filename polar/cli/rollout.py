@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from polar.cli.options import gateway_flags, gateway_values
+from polar.cli.upstreams import add_upstream_file, upstream_file_option
 from polar.rollout.client import DEFAULT_URL, RolloutClient
 from polar.rollout.node import GatewayNode, NodeConfig
 from polar.rollout.state import RolloutState
@@ -34,6 +35,7 @@ def rollout() -> None:
 @click.option("--token", envvar="POLAR_ROLLOUT_TOKEN", default=None, help="Bearer token trainers must send.")
 @click.option("--state", "state_path", default="rollout.db", show_default=True, help="Rollout state (SQLite).")
 @gateway_flags(EMBEDDED_OPTIONS)
+@upstream_file_option
 @click.option("--proxy-port", default=8080, show_default=True, type=int, help="Port of the embedded polar gateway.")
 @click.option("--init", "init_workers", default=2, show_default=True, type=int)
 @click.option("--ready", "ready_size", default=4, show_default=True, type=int)
@@ -54,8 +56,9 @@ def rollout() -> None:
               help="Dry run: sessions only sleep for their task's metadata.sim durations (× SCALE); no gateway.")
 def serve(host, port, token, state_path, proxy_port, init_workers, ready_size, running_slots, postrun_workers,
           max_staleness, docker, allow_open_egress, node_grace, ray_address, ray_per_node, ray_cpus, simulate,
-          **options) -> None:
-    """Run the rollout server with one embedded gateway node (polar + the local and, optionally, docker runtimes)."""
+          upstream_file, **options) -> None:
+    """Run the rollout server with one embedded gateway node (polar + the local and, optionally, docker runtimes).
+    Several --upstream: the gateway (each Ray node's) routes over that fleet of replicas."""
     from polar.rollout.server import check_binding
     from polar.rollout.server import serve as serve_api
     from polar.rollout.service import LocalNode, RolloutService
@@ -64,6 +67,7 @@ def serve(host, port, token, state_path, proxy_port, init_workers, ready_size, r
         check_binding(host, token)
     except ValueError as exc:  # said as the CLI says a bad flag, not as a traceback
         raise click.UsageError(f"{exc} (--token, or $POLAR_ROLLOUT_TOKEN)") from None
+    add_upstream_file(options, upstream_file)
     gateway = gateway_values(options, EMBEDDED_OPTIONS)  # upstream, upstream_model, tokenizer, db
     config = NodeConfig(init_workers=init_workers, ready_size=ready_size, running_slots=running_slots,
                         postrun_workers=postrun_workers, max_staleness=max_staleness)
@@ -134,10 +138,14 @@ def status(server, token) -> None:
 
 
 def unhealthy_lines(status: dict) -> list[str]:
-    """One line per node the service cannot hear (or has lost for good): since when and why."""
-    return [f"node {n.get('node')} lost since {n.get('unhealthy_since')}: {n.get('last_error')}" if n.get("lost")
-            else f"node {n.get('node')} unhealthy since {n.get('unhealthy_since')} ({n.get('failures')} failures): "
-            f"{n.get('last_error')}" for n in status.get("nodes", []) if n.get("healthy") is False]
+    """One line per node the service cannot hear (or has lost for good): since when and why; one per upstream
+    replica a node's fleet has taken out."""
+    lines = [f"node {n.get('node')} lost since {n.get('unhealthy_since')}: {n.get('last_error')}" if n.get("lost")
+             else f"node {n.get('node')} unhealthy since {n.get('unhealthy_since')} ({n.get('failures')} failures): "
+             f"{n.get('last_error')}" for n in status.get("nodes", []) if n.get("healthy") is False]
+    return lines + [f"node {n.get('node')}: upstream replica {r['url']} out since {r.get('out_since')}: "
+                    f"{r.get('last_error')}" for n in status.get("nodes", [])
+                    for r in (n.get("fleet") or {}).get("replicas", []) if not r.get("up")]
 
 
 def _serve_on_ray(address: str, config: NodeConfig, phases: dict, per_node: int, cpus: float, state_path: str,

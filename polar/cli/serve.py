@@ -11,11 +11,13 @@ import click
 
 from polar.cli.options import gateway_flags, gateway_values
 from polar.cli.paths import DEFAULT_TOKENIZER
+from polar.cli.upstreams import add_upstream_file, upstream_file_option
 from polar.config.options import default
 
 
 @click.command()
 @gateway_flags()
+@upstream_file_option
 @click.option(
     "--mode", type=click.Choice(["reverse", "regular"]), default="reverse", show_default=True,
     help="reverse: clients set their base URL to polar. regular: clients use polar as HTTP(S)_PROXY.",
@@ -29,10 +31,11 @@ from polar.config.options import default
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
               help="Gateway processes (one core each) behind one address, every session on one of them (haproxy "
                    "front, reverse mode); worker k captures into DB.wk.db (captures.db → captures.w0.db, …).")
-def proxy(mode, host, port, web, web_port, sets, workers, **options) -> None:
-    """Run the gateway: mitmproxy + the polar addons in front of a vLLM server."""
+def proxy(mode, host, port, web, web_port, sets, workers, upstream_file, **options) -> None:
+    """Run the gateway: mitmproxy + the polar addons in front of a vLLM server (or a fleet of replicas)."""
     from polar.mitm.proxy import ProxyConfig, serve
 
+    add_upstream_file(options, upstream_file)
     extra = {}
     for item in sets:
         key, sep, value = item.partition("=")
@@ -59,7 +62,7 @@ def proxy(mode, host, port, web, web_port, sets, workers, **options) -> None:
 
 def _serve_workers(config, count: int) -> int:
     from polar.capture.shards import shard_path
-    from polar.mitm.workers import WorkerSet
+    from polar.supervise.workers import WorkerSet
 
     try:
         workers = WorkerSet(config, count)

@@ -30,6 +30,9 @@ class Option:
     choices: tuple[str, ...] = ()
     min: int | None = None
     path: bool = False  # a file polar writes (the CLI refuses a directory)
+    # Set: the CLI takes the flag once per item and joins them with it into the one string the mitmproxy option
+    # holds (so `--set polar_upstream=URL` keeps working).
+    sep: str = ""
 
     @property
     def flag(self) -> str:
@@ -55,7 +58,12 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("polar_upstream", str, "http://127.0.0.1:8000", "Base URL of the vLLM server.", "backend"),
+    Option("polar_upstream", str, "http://127.0.0.1:8000", "Base URL of the vLLM server; several (comma-separated, "
+           "or the flag repeated): a fleet of replicas of one model, each session on the replica caching its prefix, "
+           "failed replicas taken out (polar/upstream/fleet).", "backend", sep=","),
+    Option("polar_fleet_imbalance", int, 150, "Fleet routing: a session stays on (and a new one joins) the replica "
+           "caching its prefix unless that replica's in-flight tokens exceed this percent of the fleet's mean.",
+           "backend", min=100),
     Option("polar_upstream_model", str, "", "Served model name at the upstream ('' = ask its /v1/models).", "backend"),
     Option("polar_upstream_key", str, "", "API key polar sends to the upstream (never the client's).", "backend"),
     # int, not float: mitmproxy's `--set` cannot parse float options.

@@ -88,6 +88,8 @@ class Gateway:
         self.registry = registry or SessionRegistry(salt=writer.key_salt)
         self.states = states if states is not None else SessionStates(self.reader.recent_calls)  # (empty is falsy)
         self.gate = gate or SamplingGate()
+        # A fleet checks, before sampling resumes under a new policy version, that every replica serves it.
+        self.gate.before_resume = getattr(backend, "adopt_version", None)
         self.providers = ProviderSet(Sealer(writer.seal_key))  # reasoning seals keyed per capture database
         # Each session's last reads of its history: a call parses only what its history adds.
         self.histories = histories if histories is not None else Histories()
@@ -234,7 +236,7 @@ class Gateway:
         session = await self.states.get(ident.session)  # rebuilt from the database off the loop when needed
         state.session, state.session_messages = session, session.messages
         state.keys = [message_fingerprint(m) for m in request.messages]
-        view = SessionView(session, state.keys)
+        view = SessionView(session, state.keys, ident.session)
         if request.stream:
             return await self._open_stream(route, parsed.context, request, call, state, view)
         async with self.gate.sampling():
@@ -304,7 +306,7 @@ class Gateway:
     def _error(provider: Provider, err: GatewayError) -> tuple[HttpReply, CallEnd]:
         reply = provider.render_error(err)
         end = CallEnd(status="error", http_status=reply.status, response_body=reply.body, t_end=0.0,
-                      error_kind=err.kind, error=err.message)
+                      error_kind=err.kind, error=err.message, replica=err.replica)
         return reply, end
 
 
@@ -378,5 +380,6 @@ class _Call:
         end.finish_reason = end.finish_reason or result.finish_reason  # a broken stream says "abort"
         end.policy_version = gate.version(result.policy_version)
         end.prompt_mode = result.prompt_mode
+        end.replica = result.replica or end.replica
         end.tokens = TokenRecord(self.prompt, result.completion_token_ids, result.completion_logprobs,
                                  self.branch.lineage)

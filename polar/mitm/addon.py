@@ -1,31 +1,26 @@
-"""The mitmproxy addon: hands each HTTP flow to the gateway and answers it from the proxy.
+"""The gateway addon: builds the gateway from polar's options and hands it each HTTP flow to answer.
 
 Configured entirely through mitmproxy options (`--set polar_upstream=…`), so `mitmdump -s
-addons/polar_gateway.py`, `mitmweb -s …` and `polar proxy` run the very same code. Flows carry
-the session, provider and token counts (`flow.metadata["polar"]`, the flow comment) so mitmweb
-shows them; its "polar" contentview (mitm/contentview.py) shows a call's capture in full.
+addons/polar_gateway.py`, `mitmweb -s …` and `polar proxy` run the very same addons (mitm/chain.py):
+this one, the stream relay, the "polar" contentview, the drain on SIGTERM, the listen backlog and
+the collector freeze. Flows carry the session, provider and token counts (`flow.metadata["polar"]`,
+the flow comment) so mitmweb shows them.
 
-Streamed answers leave through the loopback relay (mitm/relay.py): mitmproxy streams a body only
-when it comes from a server, so the flow is pointed at the relay, which writes the gateway's stream
-as the model samples it. The flow still shows in mitmweb, with the client's own request.
-
-An option change rebuilds only the part it touches, as mitmproxy's own addons do: the capture
-writer (`polar_db*`), the upstream backend (`polar_upstream*`, tokenizer, template), or nothing
-(body limit, aliases). Calls in flight finish on the parts they started with, which are closed
-once their last call is done. Registered sessions, the sampling gate and session state survive
-(state is dropped only when the database or the prompt format changes).
+An option change rebuilds only the part it touches, as mitmproxy's own addons do (each option's
+part is in polar/config/options.py): the capture writer, the upstream backend (mitm/backend.py), the
+backend and the sessions' prompt ids, or the live gateway's per-call settings. Calls in flight finish
+on the parts they started with, which are closed once their last call is done. Registered sessions,
+the sampling gate and session state survive (state is dropped only when the database or the prompt
+format changes).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
-import time
 from pathlib import Path
 
-from mitmproxy import contentviews, ctx, exceptions, http
-from mitmproxy.net.http import status_codes
+from mitmproxy import ctx, exceptions, http
 
 from polar.capture import working_set
 from polar.capture.writer import CaptureWriter
@@ -34,76 +29,30 @@ from polar.errors import GatewayError
 from polar.gateway.gate import SamplingGate
 from polar.gateway.pipeline import Gateway, GatewayReply, GatewayRequest
 from polar.gateway.streaming import StreamingCall, StreamReply
-from polar.mitm import backlog, shutdown
-from polar.mitm.contentview import PolarContentview
+from polar.mitm.backend import build_backend
+from polar.mitm.flows import comment, flow_response, gateway_headers
 from polar.mitm.relay import StreamRelay
+from polar.mitm.shutdown import DRAIN_OPTIONS, quiet_cancelled
 from polar.providers.base import HttpReply
-from polar.sessions.identity import IDENTITY_HEADERS, REDACTED, SECRET_HEADERS, SessionRegistry
-from polar.upstream.vllm_chat import VLLMChat
+from polar.sessions.identity import REDACTED, SECRET_HEADERS, SessionRegistry
 
 log = logging.getLogger("polar.addon")
-
-
-def gateway_headers(headers: http.Headers) -> dict[str, str]:
-    """The request's headers by lower-case name, in one pass over the lines (mitmproxy's `items()` scans
-    every line once per name). A repeated header is joined (HTTP's list rule), except the ones that name a
-    session: of those the last line counts, as in the `--workers` front (haproxy's fhdr)."""
-    joined: dict[str, str] = {}
-    for raw_name, raw_value in headers.fields:
-        name = raw_name.decode("utf-8", "surrogateescape").lower()  # as mitmproxy decodes them
-        value = raw_value.decode("utf-8", "surrogateescape")
-        if name in joined and name not in IDENTITY_HEADERS:
-            value = f"{joined[name]}, {value}"
-        joined[name] = value
-    return joined
-
-def flow_response(reply: HttpReply) -> http.Response:
-    """The gateway's reply as mitmproxy's response, its headers encoded once (`Response.make` encodes them, then
-    looks the length up among them again). Its length is the body's, unless the reply names one — a HEAD answer
-    announces GET's — or it is a 204, which has none (RFC 9110)."""
-    fields = [(k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in reply.headers.items()]
-    if "content-length" not in reply.headers and reply.status != 204:
-        fields.append((b"content-length", b"%d" % len(reply.body)))
-    now = time.time()
-    return http.Response(b"HTTP/1.1", reply.status, status_codes.RESPONSES.get(reply.status, "").encode(),
-                         http.Headers(fields), reply.body, None, now, now)
-
 
 WRITER_OPTIONS = rebuilding("writer")
 BACKEND_OPTIONS = rebuilding("backend", "prompt")
 PROMPT_OPTIONS = rebuilding("prompt")  # change the ids a session's turns hold
 GATEWAY_OPTIONS = rebuilding("gateway")
+# The options this addon reads: all of polar's but the drain's (mitm/shutdown.py).
+OWN_OPTIONS = tuple(name for name in SPEC if name not in DRAIN_OPTIONS)
 
 
-def token_faithful(chat: VLLMChat, tokenizer_dir: str, template_path: str, endpoint: str):
-    from polar.tokens.template import ChatTemplate
-    from polar.upstream.vllm_tokens import TokenFaithful
-
-    template = ChatTemplate.from_dir(tokenizer_dir, template_path or None)
-    template.prepare_long_text()
-    return TokenFaithful(chat, template, endpoint)
-
-
-def build_backend(opts):
-    backend = VLLMChat(
-        opts.polar_upstream,
-        model=opts.polar_upstream_model or None,
-        api_key=opts.polar_upstream_key or None,
-        timeout=opts.polar_upstream_timeout,
-        chat_template=opts.polar_chat_template or None,
-    )
-    if opts.polar_tokenizer:
-        backend = token_faithful(backend, opts.polar_tokenizer, opts.polar_chat_template, opts.polar_token_endpoint)
-    return backend
-
-
-class PolarAddon:
-    def __init__(self) -> None:
+class GatewayAddon:
+    def __init__(self, relay: StreamRelay | None = None) -> None:
         self.gateway: Gateway | None = None
         self.gate = SamplingGate()  # a paused trainer stays paused across option changes
         self._calls: dict[int, int] = {}  # id(gateway) → calls in flight on it (a stream until it settles)
         self._retired: list[Gateway] = []
-        self.relay = StreamRelay()
+        self.relay = relay or StreamRelay()  # where streamed answers leave (its own addon: mitm/relay.py)
         self.stopping = False  # polar is shutting down (mitm/shutdown.py): new calls are refused
         self._streams: set[StreamingCall] = set()  # streamed answers in flight, to end them when polar stops
         self._addr_header = ""  # polar_client_addr_header
@@ -113,27 +62,12 @@ class PolarAddon:
         return self.gateway.registry if self.gateway else None
 
     def load(self, loader) -> None:
-        contentviews.add(PolarContentview(lambda: self.gateway))  # the "polar" view of each call in mitmweb
-        add_options(loader, SPEC)
-
-    def running(self) -> None:
-        # Keep streamed answers on their flows, so mitmweb shows them like any other answer.
-        if "store_streamed_bodies" in ctx.options and not ctx.options.store_streamed_bodies:
-            ctx.options.update(store_streamed_bodies=True)
-        if (proxyserver := ctx.master.addons.get("proxyserver")) is not None:
-            backlog.widen(proxyserver)  # the servers mitmproxy has just opened (a mode changed later: asyncio's 100)
-        # SIGTERM / SIGINT drain, then stop — under `polar proxy` and `mitmdump -s`/`mitmweb -s` alike (the
-        # handlers replace the ones mitmproxy's main installed, which shut down at once, cutting calls in flight).
-        shutdown.install(ctx.master, self)
-        # What start-up built (mitmproxy, transformers, the template, ~200k objects) lives as long as the
-        # process: out of the collector's sight, a full collection no longer walks it. The objects an
-        # agent-sized request decodes to trigger full collections often, each walking all of start-up's.
-        gc.freeze()
+        add_options(loader, OWN_OPTIONS)
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
         try:
-            check(opts, updated)
+            check(opts, updated & set(OWN_OPTIONS))
         except ValueError as exc:
             raise exceptions.OptionsError(str(exc)) from None
         self._addr_header = opts.polar_client_addr_header  # read per call: mitmproxy copies an option's value on each read
@@ -227,28 +161,7 @@ class PolarAddon:
             await self.relay.hand_over(flow, out.reply)
             return
         flow.response = flow_response(out.reply)
-        self._comment(flow)
-
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if self.relay.relayed(flow) is not None:
-            self.relay.restore(flow)  # the request the client sent, for mitmweb
-            flow.response.headers.pop("server", None)  # the relay's own; the client sees the gateway's headers
-            flow.response.stream = True
-
-    def response(self, flow: http.HTTPFlow) -> None:
-        if self.relay.relayed(flow) is not None:
-            self._comment(flow)  # the stream has ended: its token counts are known
-
-    def error(self, flow: http.HTTPFlow) -> None:
-        self.relay.client_gone(flow)  # a stream whose client went away: abort upstream, keep what was sampled
-
-    @staticmethod
-    def _comment(flow: http.HTTPFlow) -> None:
-        meta = flow.metadata.get("polar") or {}
-        if "call_id" in meta:
-            flow.comment = " ".join(
-                f"{k}={meta[k]}" for k in ("session", "provider", "prompt_tokens", "completion_tokens") if k in meta
-            )
+        comment(flow)
 
     def _release(self, gateway: Gateway) -> None:
         self._calls[id(gateway)] -= 1
@@ -299,9 +212,9 @@ class PolarAddon:
             await asyncio.sleep(0.02)
 
     async def done(self) -> None:
-        asyncio.get_running_loop().set_exception_handler(shutdown.quiet_cancelled)  # idle keep-alives, cancelled
+        asyncio.get_running_loop().set_exception_handler(quiet_cancelled)  # idle keep-alives, cancelled
         await self.stop_calls()  # ends what a drain left, closes every upstream client (mitm/shutdown.py)
-        await self.relay.stop()
+        await self.relay.stop()  # its streams have ended: before their writers close
         gateways = [*self._retired, self.gateway]
         for writer in {id(g.writer): g.writer for g in gateways if g is not None}.values():
             writer.close()

@@ -1,4 +1,4 @@
-"""Running mitmproxy with the polar addon, from the CLI or in-process (tests, the demo).
+"""Running mitmproxy with polar's addons, from the CLI or in-process (tests, the demo).
 
 Two modes now: `reverse` (the client's base URL points at polar: it answers every path itself)
 and `regular` (an explicit HTTP(S) proxy; HTTPS clients must trust mitmproxy's CA). Transparent
@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from polar.config.options import OPTIONS, SPEC
 from polar.mitm import shutdown
-from polar.mitm.addon import PolarAddon
+from polar.mitm.addon import GatewayAddon
+from polar.mitm.chain import polar_addons
 from polar.mitm.master import LeanMaster
 
 _PR_SET_PDEATHSIG = 1
@@ -43,7 +44,9 @@ class _Listening:
     extra: dict[str, Any] = field(default_factory=dict)  # further mitmproxy / polar options, by mitmproxy name
 
     def mitm_options(self) -> dict[str, Any]:
-        spec = f"reverse:{self.upstream}@{self.port}" if self.mode == "reverse" else f"regular@{self.port}"
+        # mitmproxy's reverse mode names one server (polar answers every call itself): a fleet's first will do.
+        first = (self.upstream.replace(",", " ").split() or [self.upstream])[0]
+        spec = f"reverse:{first}@{self.port}" if self.mode == "reverse" else f"regular@{self.port}"
         opts: dict[str, Any] = {
             "mode": [spec],
             "listen_host": self.host,
@@ -88,8 +91,9 @@ async def serve(config: ProxyConfig, ready: threading.Event | None = None, holde
         master = WebMaster(opts, with_termlog=True)
     else:
         master = LeanMaster(opts)
-    addon = PolarAddon()
-    master.addons.add(addon)
+    addons = polar_addons()
+    master.addons.add(*addons)
+    addon = addons[0]  # the gateway's
     # One update: a first one without polar's options would build a gateway on the default database.
     opts.update(**config.mitm_options(), **config.polar_options())
     for key, value in config.extra.items():  # text values (from the CLI) are parsed by mitmproxy
@@ -122,7 +126,7 @@ class BackgroundProxy:
         return f"http://{self.config.host}:{self.config.port}"
 
     @property
-    def addon(self) -> PolarAddon:
+    def addon(self) -> GatewayAddon:
         return self._holder["addon"]
 
     @property
@@ -135,7 +139,7 @@ class BackgroundProxy:
     def pause_sampling(self) -> None:
         self._on_loop(self.addon.gate.pause)
 
-    def resume_sampling(self, policy_version: str | None = None) -> None:
+    def resume_sampling(self, policy_version: int | str | None = None) -> None:
         self._on_loop(self.addon.gate.resume, policy_version)
 
     def drain(self, timeout: float = 60.0) -> bool:

@@ -102,7 +102,17 @@ class LocalNode:
         return await self.node.next_events(timeout)
 
     async def stats(self) -> dict[str, Any]:
-        return self.node.stats()
+        stats = self.node.stats()
+        if (fleet := self._fleet()) is not None:  # per replica: in or out, load, failures, prefix-cache hits
+            loop = self._gateway().master.event_loop
+            stats["fleet"] = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fleet.report(), loop))
+        return stats
+
+    def _fleet(self):
+        """The gateway's fleet of upstream replicas, when it has several (polar/upstream/fleet)."""
+        gateway = self._gateway()
+        backend = getattr(getattr(getattr(gateway, "addon", None), "gateway", None), "backend", None)
+        return backend if hasattr(backend, "report") else None
 
     async def close(self) -> None:
         await self.node.stop()

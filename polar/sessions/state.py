@@ -172,6 +172,7 @@ class SessionView:
 
     state: SessionState
     keys: list[str]  # fingerprints of this request's messages, computed once
+    session_id: str = ""  # the session's id: a fleet routes its calls by it (polar/upstream/fleet)
 
     def extension(self, request: ChatRequest) -> tuple[Extension | None, str]:
         return self.state.extension(request, self.keys)

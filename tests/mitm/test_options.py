@@ -10,6 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 from mitmproxy.test import taddons
 
+from polar.cli.options import gateway_values
 from polar.cli.rollout import EMBEDDED_OPTIONS
 from polar.cli.rollout import serve as rollout_serve
 from polar.cli.serve import proxy
@@ -20,10 +21,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _mitmproxy_options(tmp_path, monkeypatch) -> dict:
-    from polar.mitm.addon import PolarAddon
+    from polar.mitm.chain import polar_addons
 
     monkeypatch.chdir(tmp_path)  # loading configures every option once, the default database included
-    with taddons.context(PolarAddon()) as tctx:
+    with taddons.context(*polar_addons()) as tctx:
         return {name: option for name, option in tctx.options.items() if name.startswith("polar_")}
 
 
@@ -38,15 +39,15 @@ def test_mitmproxy_declares_each_spec_option_as_the_spec_says(tmp_path, monkeypa
 
 def test_polar_proxy_has_a_flag_per_option_with_its_default():
     flags = {p.name: p for p in proxy.params}
+    defaults = gateway_values(proxy.make_context("proxy", []).params)  # as the command reads its flags
     for o in OPTIONS:
         assert o.field in flags, o.name
-        default = flags[o.field].default
-        assert (list(default) if flags[o.field].multiple else default) == (list(o.default) if o.many else o.default)
+        assert defaults[o.field] == (list(o.default) if o.many else o.default), o.name
     help_text = CliRunner().invoke(proxy, ["--help"], terminal_width=200).output
     assert all(f"{o.flag} " in help_text for o in OPTIONS)
     fields = {f.name: f for f in dataclasses.fields(ProxyConfig)}
     assert all(fields[o.field].default == o.default or o.many for o in OPTIONS)
-    shared = {p.name: p.default for p in rollout_serve.params}
+    shared = gateway_values(rollout_serve.make_context("serve", []).params, EMBEDDED_OPTIONS)
     assert all(shared[SPEC[n].field] == SPEC[n].default for n in EMBEDDED_OPTIONS)
 
 
@@ -56,10 +57,9 @@ def test_a_config_reaches_a_subprocess_proxy_flag_for_flag():
                "model_aliases": ["a", "b"], "drain": 3, "tokenizer": "/tok"}
     config = ProxyConfig(port=1234, **changed)
     args = SubprocessProxy(config).command()[4:]  # past `python -m polar.cli proxy`
-    params = proxy.make_context("proxy", args).params
+    values = gateway_values(proxy.make_context("proxy", args).params)
     for o in OPTIONS:
-        value = params[o.field]
-        assert (list(value) if o.many else value) == getattr(config, o.field), o.name
+        assert values[o.field] == getattr(config, o.field), o.name
     assert config.option("polar_drain") == 3
     assert ProxyConfig(drain=3, extra={"polar_drain": "5"}).option("polar_drain") == 5  # --set wins, as in mitmproxy
 
@@ -70,3 +70,27 @@ def test_no_default_upstream_or_database_is_spelled_outside_the_spec():
         if path.name != "options.py":
             text = path.read_text()
             assert upstream not in text and f'default="{db}"' not in text and f': str = "{db}"' not in text, path
+
+
+def test_each_option_is_declared_by_the_one_addon_that_reads_it_and_both_entry_points_load_the_same_chain():
+    import runpy
+
+    from polar.mitm.chain import polar_addons
+
+    declared: dict[str, list[str]] = {}
+
+    class Recording:  # stands in for mitmproxy's Loader: records who declares what
+        def __init__(self, addon):
+            self.addon = addon
+
+        def add_option(self, name, *args, **kwargs):
+            declared.setdefault(name, []).append(type(self.addon).__name__)
+
+    chain = polar_addons()
+    for addon in chain:
+        if hasattr(addon, "load"):
+            addon.load(Recording(addon))
+    assert sorted(declared) == sorted(SPEC) and all(len(by) == 1 for by in declared.values()), declared
+    assert declared["polar_drain"] == ["DrainAddon"]  # declared where it is read (mitm/shutdown.py)
+    script = runpy.run_path(str(REPO / "addons" / "polar_gateway.py"))["addons"]
+    assert [type(a) for a in script] == [type(a) for a in chain]

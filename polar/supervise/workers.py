@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from polar.capture.shards import shard_path
-from polar.mitm.front import CLIENT_ADDR_HEADER, haproxy_binary, haproxy_config
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, die_with_parent, free_port
 from polar.mitm.shutdown import STOP_MARGIN_S, stop_wait_s, wait_or_signal
+from polar.supervise.front import CLIENT_ADDR_HEADER, haproxy_binary, haproxy_config
 
 # Children in a session of their own: a Ctrl-C reaches the supervisor alone, which then stops them in
 # order (front first), instead of racing them to their deaths and reporting one as a failure.
