@@ -62,7 +62,8 @@ def scripted_rule(task: TaskSpec, harness: Harness) -> dict[str, Any]:
     read = harness.read_tool(f"{WORKDIR}/{scripted['file']}")
     calls = ([read] if read else []) + [harness.shell_tool(scripted["fix"])]
     steps = [{"reasoning": REASONING, "content": "", "tool_calls": [call]} for call in calls]
-    return {"match": scripted["marker"], "steps": [*steps, {"reasoning": DONE_REASONING, "content": "Fixed."}]}
+    done = {"reasoning": DONE_REASONING, "content": "Fixed.", "tool_calls": [end] if (end := harness.end_tool()) else []}
+    return {"match": scripted["marker"], "steps": [*steps, done]}
 
 
 def demo_tasks(path: Path, harness: str, runtime: str, samples: int) -> list[TaskSpec]:
@@ -83,7 +84,8 @@ def run_main_job(workdir: Path, tokenizer_dir: Path, harness: str = "claude_code
             db.with_name(db.name + suffix).unlink(missing_ok=True)
     tasks = demo_tasks(tasks_path, harness, runtime, samples)
     script = Script.from_json({"rules": [scripted_rule(t, get(harness)) for t in tasks]})
-    upstream = BackgroundServer(ScriptedVLLM(tokenizer_dir, "polar-tiny", script=script).app)
+    # A window as wide as real Qwen3.5 deployments serve: Hermes Agent refuses one under 64K tokens.
+    upstream = BackgroundServer(ScriptedVLLM(tokenizer_dir, "polar-tiny", script=script, max_model_len=131072).app)
     upstream_url = upstream.start()
     proxy, env = embedded_gateway(upstream_url, str(captures), 0, tokenizer=str(tokenizer_dir),
                                   docker=runtime == "docker")

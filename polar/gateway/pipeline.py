@@ -23,6 +23,7 @@ import functools
 import logging
 import secrets
 import time
+from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ from polar.errors import GatewayError
 from polar.gateway.body import decode
 from polar.gateway.gate import SamplingGate
 from polar.gateway.methods import allowed, headers_only, method_reply
+from polar.gateway.probes import Served, answer_probe, answer_show, probe_path, show_path
 from polar.gateway.streaming import StreamingCall, StreamReply
 from polar.providers import ProviderSet, Sealer
 from polar.providers.base import HttpReply, Parsed, Provider, Route
@@ -133,16 +135,18 @@ class Gateway:
             return refused  # OPTIONS, or a method the path does not take: not a model call
         if path in ("/", "") and req.method == "GET":
             return HttpReply(200, b"polar gateway\n", {"content-type": "text/plain"})
-        if req.method == "GET" and path.rstrip("/").endswith("/models"):
-            names = list(dict.fromkeys([await self._model_or_none(), *self.model_aliases]))
-            return self.providers.guess(path, req.headers).render_models([n for n in names if n])
+        if req.method == "GET" and probe_path(path):
+            return answer_probe(self.providers.guess(path, req.headers), path, await self._served())
+        if req.method == "POST" and show_path(path):
+            return answer_show(req.body, req.headers.get("content-type"), self.max_body_bytes, await self._served())
         return None
 
-    async def _model_or_none(self) -> str | None:
-        try:
-            return await self.backend.model()
-        except GatewayError:
-            return None
+    async def _served(self) -> Served:
+        """The served model as probes are told of it; an upstream that cannot say leaves it out."""
+        names = list(dict.fromkeys([await _or_none(self.backend.model()), *self.model_aliases]))
+        traits = self.backend.template_traits()
+        return Served([n for n in names if n], await _or_none(self.backend.context_length()),
+                      vision=bool(traits and traits.images))
 
     # -- model calls: always captured -------------------------------------------------------
 
@@ -306,6 +310,13 @@ class Gateway:
         end = CallEnd(status="error", http_status=reply.status, response_body=reply.body, t_end=0.0,
                       error_kind=err.kind, error=err.message, replica=err.replica)
         return reply, end
+
+
+async def _or_none[T](answer: Awaitable[T]) -> T | None:
+    try:
+        return await answer
+    except GatewayError:
+        return None
 
 
 @dataclass

@@ -98,6 +98,11 @@ class FleetBackend:
         replica = next((r for r in self.replicas if r.up), self.replicas[0])
         return await replica.backend.count_tokens(request)
 
+    async def context_length(self) -> int | None:
+        """The served window, for model listings and probes (every replica serves the same model)."""
+        replica = next((r for r in self.replicas if r.up), self.replicas[0])
+        return await replica.backend.context_length()
+
     async def aclose(self) -> None:
         await self.prober.aclose()
         await asyncio.gather(*(r.backend.aclose() for r in self.replicas))
