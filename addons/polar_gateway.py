@@ -1,8 +1,8 @@
-"""mitmproxy entry script: `mitmdump -s addons/polar_gateway.py --set polar_upstream=http://127.0.0.1:8000`.
+"""mitmproxy entry script: `mitmdump -s addons/polar_gateway.py --set polar_upstream=http://VLLM_HOST:8000`.
 
-Thin on purpose: all behaviour lives in `polar.mitm.addon.PolarAddon`, which `polar proxy` also runs.
+Thin on purpose: polar's addons (`polar.mitm.chain.polar_addons`) are the ones `polar proxy` also runs.
 """
 
-from polar.mitm.addon import PolarAddon
+from polar.mitm.chain import polar_addons
 
-addons = [PolarAddon()]
+addons = polar_addons()

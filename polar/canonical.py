@@ -200,6 +200,10 @@ class ChatResult(_Model):
     prompt_mode: str = "chat-template"
     # Tool calls the model wrote that could not be parsed (kept in `content`, reported here).
     malformed: list[str] = Field(default_factory=list)
+    # The fleet replica that sampled it (polar/upstream/fleet); None behind a single upstream.
+    replica: str | None = None
+    # Replicas that failed this call before `replica` answered it, and how (a fleet retries once).
+    failovers: list[str] = Field(default_factory=list)
 
 
 # -- streaming: one sampled turn as it is produced, piece by piece -----------------------------

@@ -49,6 +49,8 @@ class GatewayError(Exception):
         self.param = param
         # A status the raiser chose on purpose (e.g. 426); None lets the provider map the kind.
         self.status = status
+        # The fleet replica the failure came from (polar/upstream/fleet), for the capture row.
+        self.replica: str | None = None
 
     def __repr__(self) -> str:
         return f"GatewayError({self.kind!r}, {self.message!r})"

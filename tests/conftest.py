@@ -11,6 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support import scheduling
+
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))
 
@@ -27,6 +29,23 @@ TEMPLATE_SIGNS = {
 }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any xdist worker starts: mitmproxy's CA, which every in-process proxy of every worker reads (two
+    proxies creating it at once would leave a key that does not match its certificate); the test groups."""
+    if not hasattr(config, "workerinput"):
+        from mitmproxy import certs
+        from mitmproxy.addons.tlsconfig import CONF_BASENAME
+        from mitmproxy.options import KEY_SIZE
+
+        certs.CertStore.from_store(Path.home() / ".mitmproxy", CONF_BASENAME, KEY_SIZE)
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(scheduling.Plugin(), "polar-scheduling")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    scheduling.deselect_off_the_matrix(config, items)
+
+
 def templates_dir() -> Path:
     """../shared/reference/templates (or $POLAR_SHARED/reference/templates).
 
@@ -40,6 +59,37 @@ def templates_dir() -> Path:
             pytest.fail(f"POLAR_REQUIRE_TEMPLATES=1 but {reason}", pytrace=False)
         pytest.skip(reason)
     return path
+
+
+# Every model family's real template, from the llama-cpp-python sdist that scripts/setup_templates.sh unpacks into
+# $POLAR_CACHE/templates (never committed): test label → file stem there.
+FAMILY_TEMPLATES = {
+    "qwen2.5": "Qwen-Qwen2.5-7B-Instruct", "qwen3": "Qwen-Qwen3-0.6B", "qwen3-coder": "Qwen3-Coder",
+    "qwen3.5": "Qwen3.5-4B", "glm-4.6": "GLM-4.6", "glm-4.7": "GLM-4.7-Flash", "gpt-oss": "openai-gpt-oss-120b",
+    "deepseek-v3.1": "deepseek-ai-DeepSeek-V3.1", "deepseek-v3.2": "deepseek-ai-DeepSeek-V3.2",
+    "deepseek-v4": "deepseek-ai-DeepSeek-V4", "kimi-k2": "moonshotai-Kimi-K2", "kimi-k2-instruct": "Kimi-K2-Instruct",
+    "kimi-k2-thinking": "Kimi-K2-Thinking", "minimax-m2": "MiniMax-M2", "llama-3.3": "meta-llama-Llama-3.3-70B-Instruct",
+    "devstral": "unsloth-mistral-Devstral-Small-2507", "mistral-small-3.2": "Mistral-Small-3.2-24B-Instruct-2506",
+    "nemotron-3-nano": "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+}  # fmt: skip
+
+
+def family_templates_dir() -> Path:
+    """$POLAR_CACHE/templates, filled by scripts/setup_templates.sh (scripts/test runs it). Absent, the tests that
+    need it skip, unless POLAR_REQUIRE_TEMPLATES=1 makes that a failure (as templates_dir)."""
+    path = CACHE / "templates"
+    missing = [f"{stem}.jinja" for stem in FAMILY_TEMPLATES.values() if not (path / f"{stem}.jinja").is_file()]
+    if missing:
+        reason = f"{path} lacks {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''} (run scripts/setup_templates.sh)"
+        if os.environ.get("POLAR_REQUIRE_TEMPLATES") == "1":
+            pytest.fail(f"POLAR_REQUIRE_TEMPLATES=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return path
+
+
+def family_template(label: str) -> Path:
+    """One family's real template file, by its label in FAMILY_TEMPLATES (skips or fails as family_templates_dir)."""
+    return family_templates_dir() / f"{FAMILY_TEMPLATES[label]}.jinja"
 
 
 def real_template(name: str) -> Path:

@@ -126,6 +126,7 @@ class CallEnd:
     finish_reason: str | None = None
     policy_version: str | None = None
     prompt_mode: str | None = None
+    replica: str | None = None  # the fleet replica that answered (or failed) the call
     t_upstream: float | None = None
     t_first: float | None = None  # when the first streamed piece of the answer went to the client
     rewrites: list[str] = field(default_factory=list)
@@ -143,7 +144,7 @@ class CallEnd:
             "t_end": self.t_end, "model": self.model, "stream": None if self.stream is None else int(self.stream),
             "error_kind": self.error_kind, "error": self.error, "upstream_model": self.upstream_model,
             "result": self.result, "finish_reason": self.finish_reason, "policy_version": self.policy_version,
-            "prompt_mode": self.prompt_mode, "t_upstream": self.t_upstream, "t_first": self.t_first,
+            "prompt_mode": self.prompt_mode, "replica": self.replica, "t_upstream": self.t_upstream, "t_first": self.t_first,
             "rewrites": pack_json(json.dumps(self.rewrites)) if self.rewrites else None,
         }  # fmt: skip
         if response is None:

@@ -54,6 +54,7 @@ CALLS: dict[str, Any] = {
     "finish_reason": str,
     "policy_version": str,
     "prompt_mode": str,  # how the prompt was built (chat-template | token-faithful | re-render: why)
+    "replica": str,  # base URL of the fleet replica that answered or failed the call (NULL: one upstream)
     "t_start": float,
     "t_upstream": float,  # seconds spent waiting for the upstream
     "t_first": float,  # streamed answers: when the first piece of the answer was sent (time to first token)

@@ -10,6 +10,8 @@ from polar.cli.paths import DEFAULT_CACHE, DEFAULT_TOKENIZER
 from polar.cli.report import report
 from polar.cli.rollout import rollout, submit
 from polar.cli.serve import captures, double, proxy
+from polar.cli.tasks import evaluate, tasks
+from polar.cli.templates import templates
 from polar.cli.trajectories import trajectories
 from polar.cli.verify import verify
 
@@ -20,7 +22,8 @@ def main() -> None:
     """polar: capture token-level truth from unchanged agent harnesses, in front of vLLM."""
 
 
-for command in (proxy, double, captures, trajectories, verify, demo, rollout, submit, export, report):
+for command in (proxy, double, captures, trajectories, verify, demo, rollout, submit, export, report, evaluate, tasks,
+                templates):
     main.add_command(command)
 
 __all__ = ["main", "DEFAULT_CACHE", "DEFAULT_TOKENIZER"]

@@ -19,7 +19,10 @@ import click
               help="Hugging Face tokenizer directory: decode the tokens around each prefix break.")
 @click.option("--verification", multiple=True, type=click.Path(dir_okay=False),
               help="`polar verify --json` results of these captures: a verification section.")
-def report(state_path, captures_path, out, title, tokenizer_dir, verification) -> None:
+@click.option("--upstream", "upstreams", multiple=True, metavar="URL",
+              help="A fleet replica (vLLM base URL) to read /metrics from now: its prefix-cache hit rate in the "
+                   "per-replica table.")
+def report(state_path, captures_path, out, title, tokenizer_dir, verification, upstreams) -> None:
     """Write an HTML report of a run: rewards, tokens and turns, stage timings, trajectories, drift."""
     from polar.reporting import ReportInputError, write_report
 
@@ -30,8 +33,20 @@ def report(state_path, captures_path, out, title, tokenizer_dir, verification) -
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    metrics = {}
+    if upstreams:
+        import asyncio
+
+        from polar.upstream.fleet.metrics import scrape
+        from polar.upstream.fleet.replicas import upstream_urls
+
+        try:
+            urls = upstream_urls(upstreams)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--upstream") from None
+        metrics = {url: asyncio.run(scrape(url, 10.0)) for url in urls}
     try:
-        data = write_report(out, state_path, captures_path, tokenizer, title, verification)
+        data = write_report(out, state_path, captures_path, tokenizer, title, verification, metrics)
     except ReportInputError as err:
         hint = {"state": "--state", "captures": "--db", "verification": "--verification"}.get(err.source)
         raise click.BadParameter(str(err), param_hint=hint) from None

@@ -11,11 +11,15 @@ from pathlib import Path
 
 import click
 
+from polar.cli.options import gateway_flags, gateway_values
+from polar.cli.upstreams import add_upstream_file, upstream_file_option
 from polar.rollout.client import DEFAULT_URL, RolloutClient
 from polar.rollout.node import GatewayNode, NodeConfig
 from polar.rollout.state import RolloutState
 from polar.rollout.tasks import SessionResult, load_tasks
 
+# The gateway options the embedded gateway (and each Ray node's) takes from the command line.
+EMBEDDED_OPTIONS = ("polar_upstream", "polar_upstream_model", "polar_tokenizer", "polar_db")
 STAGES = ("queued", "init", "ready", "running", "postrun", "done")
 
 
@@ -30,10 +34,8 @@ def rollout() -> None:
 @click.option("--port", default=8090, show_default=True, type=int)
 @click.option("--token", envvar="POLAR_ROLLOUT_TOKEN", default=None, help="Bearer token trainers must send.")
 @click.option("--state", "state_path", default="rollout.db", show_default=True, help="Rollout state (SQLite).")
-@click.option("--upstream", default="http://127.0.0.1:8000", show_default=True, help="vLLM base URL.")
-@click.option("--upstream-model", default="", help="Served model name (default: ask the upstream).")
-@click.option("--tokenizer", default="", help="Tokenizer dir of the served model (token-faithful prompts).")
-@click.option("--db", default="captures.db", show_default=True, help="Capture database.")
+@gateway_flags(EMBEDDED_OPTIONS)
+@upstream_file_option
 @click.option("--proxy-port", default=8080, show_default=True, type=int, help="Port of the embedded polar gateway.")
 @click.option("--init", "init_workers", default=2, show_default=True, type=int)
 @click.option("--ready", "ready_size", default=4, show_default=True, type=int)
@@ -52,21 +54,29 @@ def rollout() -> None:
 @click.option("--ray-cpus", default=1.0, show_default=True, type=float, help="CPUs each node actor declares.")
 @click.option("--simulate", default=None, type=float, metavar="SCALE",
               help="Dry run: sessions only sleep for their task's metadata.sim durations (× SCALE); no gateway.")
-def serve(host, port, token, state_path, upstream, upstream_model, tokenizer, db, proxy_port, init_workers, ready_size,
-          running_slots, postrun_workers, max_staleness, docker, allow_open_egress, node_grace, ray_address, ray_per_node,
-          ray_cpus, simulate) -> None:
-    """Run the rollout server with one embedded gateway node (polar + the local and, optionally, docker runtimes)."""
+@click.option("--watchdog", default=None, metavar="JSON", callback=lambda ctx, param, v: _watchdog(v),
+              help='The long-tail cut for every session (a task\'s "watchdog" overrides it), e.g. '
+                   '\'{"repeated_tool_calls": 8, "stall_seconds": 300, "token_budget": 200000}\' (docs/tasks.md).')
+def serve(host, port, token, state_path, proxy_port, init_workers, ready_size, running_slots, postrun_workers,
+          max_staleness, docker, allow_open_egress, node_grace, ray_address, ray_per_node, ray_cpus, simulate,
+          upstream_file, watchdog, **options) -> None:
+    """Run the rollout server with one embedded gateway node (polar + the local and, optionally, docker runtimes).
+    Several --upstream: the gateway (each Ray node's) routes over that fleet of replicas."""
     from polar.rollout.server import check_binding
     from polar.rollout.server import serve as serve_api
     from polar.rollout.service import LocalNode, RolloutService
 
-    check_binding(host, token)
+    try:
+        check_binding(host, token)
+    except ValueError as exc:  # said as the CLI says a bad flag, not as a traceback
+        raise click.UsageError(f"{exc} (--token, or $POLAR_ROLLOUT_TOKEN)") from None
+    add_upstream_file(options, upstream_file)
+    gateway = gateway_values(options, EMBEDDED_OPTIONS)  # upstream, upstream_model, tokenizer, db
     config = NodeConfig(init_workers=init_workers, ready_size=ready_size, running_slots=running_slots,
-                        postrun_workers=postrun_workers, max_staleness=max_staleness)
+                        postrun_workers=postrun_workers, max_staleness=max_staleness, watchdog=watchdog)
     if ray_address:
         phases = {"kind": "simulated", "scale": simulate} if simulate is not None else {
-            "kind": "gateway", "upstream": upstream, "db": str(Path(db).resolve()), "port": 0,
-            "upstream_model": upstream_model, "tokenizer": tokenizer, "docker": docker,
+            "kind": "gateway", **gateway, "db": str(Path(gateway["db"]).resolve()), "port": 0, "docker": docker,
             "allow_open_egress": allow_open_egress}
         return _serve_on_ray(ray_address, config, phases, ray_per_node, ray_cpus, state_path, host, port, token,
                              node_grace)
@@ -80,11 +90,11 @@ def serve(host, port, token, state_path, upstream, upstream_model, tokenizer, db
         from polar.runtime.base import RuntimeUnavailable
 
         try:
-            proxy, env = embedded_gateway(upstream, db, proxy_port, upstream_model, tokenizer, docker,
-                                          allow_open_egress)
+            proxy, env = embedded_gateway(gateway["upstream"], gateway["db"], proxy_port, gateway["upstream_model"],
+                                          gateway["tokenizer"], docker, allow_open_egress)
         except RuntimeUnavailable as err:  # e.g. the sandbox network's egress lock: said plainly, no traceback
             raise click.ClickException(str(err)) from err
-        phases, capture_db, runtimes = SessionPhases(env, config), db, list(env.runtimes.values())
+        phases, capture_db, runtimes = SessionPhases(env, config), gateway["db"], list(env.runtimes.values())
 
     async def main() -> None:
         service = RolloutService(RolloutState(state_path), [LocalNode(GatewayNode(phases, config), capture_db)],
@@ -130,11 +140,24 @@ def status(server, token) -> None:
         click.echo(f"warning: {line}", err=True)
 
 
+def _watchdog(text: str | None):
+    from polar.rollout.tasks import WatchdogOptions
+
+    try:
+        return WatchdogOptions.model_validate_json(text) if text else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--watchdog") from None
+
+
 def unhealthy_lines(status: dict) -> list[str]:
-    """One line per node the service cannot hear (or has lost for good): since when and why."""
-    return [f"node {n.get('node')} lost since {n.get('unhealthy_since')}: {n.get('last_error')}" if n.get("lost")
-            else f"node {n.get('node')} unhealthy since {n.get('unhealthy_since')} ({n.get('failures')} failures): "
-            f"{n.get('last_error')}" for n in status.get("nodes", []) if n.get("healthy") is False]
+    """One line per node the service cannot hear (or has lost for good): since when and why; one per upstream
+    replica a node's fleet has taken out."""
+    lines = [f"node {n.get('node')} lost since {n.get('unhealthy_since')}: {n.get('last_error')}" if n.get("lost")
+             else f"node {n.get('node')} unhealthy since {n.get('unhealthy_since')} ({n.get('failures')} failures): "
+             f"{n.get('last_error')}" for n in status.get("nodes", []) if n.get("healthy") is False]
+    return lines + [f"node {n.get('node')}: upstream replica {r['url']} out since {r.get('out_since')}: "
+                    f"{r.get('last_error')}" for n in status.get("nodes", [])
+                    for r in (n.get("fleet") or {}).get("replicas", []) if not r.get("up")]
 
 
 def _serve_on_ray(address: str, config: NodeConfig, phases: dict, per_node: int, cpus: float, state_path: str,

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import click
 
+from polar.cli.options import gateway_flags, gateway_values
 from polar.cli.paths import DEFAULT_TOKENIZER
+from polar.cli.upstreams import add_upstream_file, upstream_file_option
+from polar.config.options import default
 
 
 @click.command()
-@click.option("--upstream", default="http://127.0.0.1:8000", show_default=True, help="vLLM base URL.")
-@click.option("--upstream-model", default="", help="Served model name (default: ask the upstream).")
-@click.option("--tokenizer", default="", help="Tokenizer dir of the served model: turns on token-faithful prompts.")
-@click.option("--db", default="captures.db", show_default=True, type=click.Path(dir_okay=False), help="Capture database.")
+@gateway_flags()
+@upstream_file_option
 @click.option(
     "--mode", type=click.Choice(["reverse", "regular"]), default="reverse", show_default=True,
     help="reverse: clients set their base URL to polar. regular: clients use polar as HTTP(S)_PROXY.",
@@ -25,14 +26,16 @@ from polar.cli.paths import DEFAULT_TOKENIZER
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--web/--no-web", default=False, help="Run mitmweb (inspect every call in a browser) instead of mitmdump.")
 @click.option("--web-port", default=8081, show_default=True, type=int)
-@click.option("--set", "sets", multiple=True, metavar="OPTION=VALUE", help="Any further mitmproxy or polar_* option.")
+@click.option("--set", "sets", multiple=True, metavar="OPTION=VALUE",
+              help="Any further mitmproxy option (or a polar_* one, by its mitmproxy name).")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
               help="Gateway processes (one core each) behind one address, every session on one of them (haproxy "
                    "front, reverse mode); worker k captures into DB.wk.db (captures.db → captures.w0.db, …).")
-def proxy(upstream, upstream_model, tokenizer, db, mode, host, port, web, web_port, sets, workers) -> None:
-    """Run the gateway: mitmproxy + the polar addon in front of a vLLM server."""
+def proxy(mode, host, port, web, web_port, sets, workers, upstream_file, **options) -> None:
+    """Run the gateway: mitmproxy + the polar addons in front of a vLLM server (or a fleet of replicas)."""
     from polar.mitm.proxy import ProxyConfig, serve
 
+    add_upstream_file(options, upstream_file)
     extra = {}
     for item in sets:
         key, sep, value = item.partition("=")
@@ -44,11 +47,11 @@ def proxy(upstream, upstream_model, tokenizer, db, mode, host, port, web, web_po
         # mitmweb refuses requests without its token; choose it here so the URL can be printed.
         extra["web_password"] = secrets.token_urlsafe(16)
         web_url = f"; mitmweb on http://{host}:{web_port}/?token={extra['web_password']}"
-    config = ProxyConfig(upstream=upstream, db=db, mode=mode, host=host, port=port, upstream_model=upstream_model,
-                         tokenizer=tokenizer, web=web, web_port=web_port, extra=extra)
+    config = ProxyConfig(mode=mode, host=host, port=port, web=web, web_port=web_port, extra=extra,
+                         **gateway_values(options))
     if workers > 1:
         raise SystemExit(_serve_workers(config, workers))
-    click.echo(f"polar {mode} proxy on http://{host}:{port} → {upstream}; captures in {db}{web_url}")
+    click.echo(f"polar {mode} proxy on http://{host}:{port} → {config.upstream}; captures in {config.db}{web_url}")
     from mitmproxy.exceptions import OptionsError
 
     try:
@@ -59,7 +62,7 @@ def proxy(upstream, upstream_model, tokenizer, db, mode, host, port, web, web_po
 
 def _serve_workers(config, count: int) -> int:
     from polar.capture.shards import shard_path
-    from polar.mitm.workers import WorkerSet
+    from polar.supervise.workers import WorkerSet
 
     try:
         workers = WorkerSet(config, count)
@@ -98,7 +101,7 @@ def double(tokenizer_dir, model_name, script_path, host, port, max_model_len, to
 
 
 @click.command()
-@click.option("--db", default="captures.db", show_default=True, type=click.Path(dir_okay=False),
+@click.option("--db", default=default("polar_db"), show_default=True, type=click.Path(dir_okay=False),
               help="Capture database; with `polar proxy --workers`, the --db it got reads every worker's shard.")
 @click.option("--session", help="Only this session.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per call, with token ids.")

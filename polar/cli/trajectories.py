@@ -7,9 +7,11 @@ from pathlib import Path
 
 import click
 
+from polar.config.options import default
+
 
 @click.command()
-@click.option("--db", default="captures.db", show_default=True, type=click.Path(dir_okay=False),
+@click.option("--db", default=default("polar_db"), show_default=True, type=click.Path(dir_okay=False),
               help="Capture database (or the --db of `polar proxy --workers`: every worker's shard).")
 @click.option("--builder", type=click.Choice(["per-request", "prefix-merge"]), default="prefix-merge",
               show_default=True, help="One sample per call, or calls merged along their shared prefixes.")

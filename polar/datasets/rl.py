@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from polar.datasets.select import VERIFY_COLUMNS
-from polar.rollout.tasks import SessionResult
+from polar.rollout.tasks import CUT_OUTCOMES, SessionResult
 
 SCHEMA = pa.schema([
     ("group_id", pa.string()),  # the task id: rows sharing it form one GRPO group
@@ -49,9 +49,12 @@ SCHEMA = pa.schema([
     ("trainer_policy_version", pa.int64()),  # the trainer's version when the session started
     ("num_turns", pa.int32()),
     ("truncated", pa.bool_()),
+    ("cut", pa.string()),  # the watchdog ended the session: looping | stalled | budget (null: not cut)
     *VERIFY_COLUMNS,  # filled by the export when given a verification file
 ])
-RL_OUTCOMES = frozenset({"ok", "timeout"})  # a timed-out session is a scored attempt, not a failure
+# A timed-out session is a scored attempt, not a failure; so is one the watchdog cut, flagged in `cut`
+# (a trainer masks or penalises it).
+RL_OUTCOMES = frozenset({"ok", "timeout", *CUT_OUTCOMES})
 
 
 @dataclass
@@ -124,6 +127,7 @@ def rl_group(group_id: str, results: Iterable[SessionResult], *, harness_of: Cal
                 "trainer_policy_version": r.policy_version,
                 "num_turns": len(t.turns),
                 "truncated": t.truncated,
+                "cut": r.cut["reason"] if r.cut else None,
                 "verification": None,  # the export fills these from a verification file
                 "verify_max_abs_diff": None,
             })

@@ -51,7 +51,8 @@ class Candidate:
     def identity(self) -> dict[str, Any]:
         """The columns every exported row starts with (IDENTITY_COLUMNS): which trajectory, from where."""
         return {"trajectory_id": self.trajectory.id, "session_id": self.result.session_id, "task": self.task,
-                "harness": self.harness, "sample": self.result.sample, "reward": self.reward}
+                "harness": self.harness, "sample": self.result.sample, "reward": self.reward,
+                "cut": self.result.cut["reason"] if self.result.cut else None}
 
 
 # The Arrow types of `Candidate.identity()`, shared by the chat and token row schemas.
@@ -62,6 +63,7 @@ IDENTITY_COLUMNS = [
     ("harness", pa.string()),
     ("sample", pa.int32()),
     ("reward", pa.float64()),
+    ("cut", pa.string()),  # the watchdog ended the session: looping | stalled | budget (null: it was not cut)
 ]
 # What `polar verify` said of a row's trajectory (export --verification FILE; null without a file).
 VERIFY_COLUMNS = [
@@ -76,7 +78,7 @@ class Selection:
 
     min_reward: float | None = None  # set: the reward must be present and at least this
     outcomes: frozenset[str] = frozenset({"ok"})  # session outcomes kept
-    include_partial: bool = False  # sessions cut at their deadline, conversations that went on in failed calls
+    include_partial: bool = False  # sessions cut (deadline, watchdog), conversations that went on in failed calls
     include_truncated: bool = False  # trajectories with a turn cut at the token limit
     include_broken_prefix: bool = True  # self-consistent, but re-rendered rather than continued
     dedup: bool = True  # identical token sequences (and masks) are kept once

@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from polar.doubles.script import Step
+from polar.tokens.families import detect
 from polar.tokens.parsers import family_for_template
+
+WRITES = ("qwen3", "qwen3_xml")  # the families whose turns this double writes (and deltas.py streams as vLLM)
 
 THINK_OPEN, THINK_CLOSE = "<think>\n", "</think>\n\n"
 # open: the prompt opened the block; own: the model writes it; none: no reasoning this turn
@@ -38,8 +41,16 @@ class ModelFormat:
 
     @classmethod
     def for_template(cls, template_text: str) -> ModelFormat:
+        """The format of the template's model family; ValueError for a family the double cannot write (it would
+        answer in another family's syntax, which the template's own parser would not read)."""
         family = family_for_template(template_text)
-        return cls("qwen3" if family == "plain" else family, "<think>" in template_text)
+        if family == "plain" and detect(template_text) is None:
+            family = "qwen3"  # a template with no tool syntax at all (the tests' toys): Qwen's JSON, as before
+        if family not in WRITES:
+            known = detect(template_text)
+            raise ValueError(f"the scripted double writes {', '.join(WRITES)} answers only; this template is "
+                             f"{known.name if known else family} (polar/doubles/model_format.py)")
+        return cls(family, "<think>" in template_text)
 
     def reasoning_mode(self, prompt_text: str) -> Reasoning:
         if prompt_text.endswith(THINK_OPEN):

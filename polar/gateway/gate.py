@@ -2,15 +2,23 @@
 
 A trainer pauses sampling, waits for in-flight calls (`drain`), swaps weights and resumes with the
 new policy version, which calls record when the upstream reports none itself. Paused calls wait,
-they are not refused: harnesses just see a slower answer. Use on the proxy's event loop (from
-another thread: loop.call_soon_threadsafe / asyncio.run_coroutine_threadsafe).
+they are not refused: harnesses just see a slower answer. A resume under a new version opens the gate
+once `before_resume` has run (a fleet of replicas takes out those not serving that version). Use on the
+proxy's event loop (from another thread: loop.call_soon_threadsafe / asyncio.run_coroutine_threadsafe).
+
+Two versions meet here, each of one type: the trainer's (an int counting its updates, as rollout/ holds it)
+and the label of the weights that served a call (a str, as vLLM's own `weight_version` is: what captures,
+trajectories and datasets hold). The gate writes the trainer's version as that label.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+
+log = logging.getLogger("polar.gateway")
 
 
 class SamplingGate:
@@ -21,13 +29,35 @@ class SamplingGate:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self.before_resume: Callable[[str], Awaitable[None]] | None = None
+        self._resuming: asyncio.Task | None = None
+        self._checked: str | None = None  # the last version before_resume completed for
 
     def pause(self) -> None:
+        if self._resuming is not None:
+            self._resuming.cancel()
         self._open.clear()
 
-    def resume(self, policy_version: str | None = None) -> None:
+    def resume(self, policy_version: int | str | None = None) -> None:
         if policy_version is not None:
-            self.policy_version = policy_version
+            self.policy_version = str(policy_version)
+        version = self.policy_version
+        if self.before_resume is not None and version is not None and version != self._checked:
+            if self._resuming is not None:
+                self._resuming.cancel()
+            self._resuming = asyncio.get_running_loop().create_task(self._open_after(version))
+            return
+        self._open.set()
+
+    async def _open_after(self, version: str) -> None:
+        try:
+            await self.before_resume(version)
+            self._checked = version
+        except asyncio.CancelledError:  # paused again meanwhile: stays shut
+            return
+        except Exception:  # noqa: BLE001 — a check that failed must not keep the gate shut for good
+            log.exception("the check before resuming under %s failed; resuming anyway", version)
+        self._resuming = None
         self._open.set()
 
     @property

@@ -261,7 +261,7 @@ class StreamingCall:
 
     def _broken(self, err: GatewayError, tail: bytes) -> CallEnd:
         return CallEnd(status="error", http_status=200, response_body=b"".join([*self.sent, tail]), t_end=0.0,
-                       error_kind=err.kind, error=err.message, finish_reason="abort")
+                       error_kind=err.kind, error=err.message, finish_reason="abort", replica=err.replica)
 
     def _partial(self) -> ChatResult | None:
         try:

@@ -1,1 +1,1 @@
-"""mitmproxy integration: the addon, the polar contentview, running the proxy, transparent mode."""
+"""mitmproxy integration: polar's addons (chain.py), the polar contentview, running the proxy, transparent mode."""

@@ -1,112 +1,58 @@
-"""The mitmproxy addon: hands each HTTP flow to the gateway and answers it from the proxy.
+"""The gateway addon: builds the gateway from polar's options and hands it each HTTP flow to answer.
 
 Configured entirely through mitmproxy options (`--set polar_upstream=…`), so `mitmdump -s
-addons/polar_gateway.py`, `mitmweb -s …` and `polar proxy` run the very same code. Flows carry
-the session, provider and token counts (`flow.metadata["polar"]`, the flow comment) so mitmweb
-shows them; its "polar" contentview (mitm/contentview.py) shows a call's capture in full.
+addons/polar_gateway.py`, `mitmweb -s …` and `polar proxy` run the very same addons (mitm/chain.py):
+this one, the stream relay, the "polar" contentview, the drain on SIGTERM, the listen backlog and
+the collector freeze. Flows carry the session, provider and token counts (`flow.metadata["polar"]`,
+the flow comment) so mitmweb shows them.
 
-Streamed answers leave through the loopback relay (mitm/relay.py): mitmproxy streams a body only
-when it comes from a server, so the flow is pointed at the relay, which writes the gateway's stream
-as the model samples it. The flow still shows in mitmweb, with the client's own request.
-
-An option change rebuilds only the part it touches, as mitmproxy's own addons do: the capture
-writer (`polar_db*`), the upstream backend (`polar_upstream*`, tokenizer, template), or nothing
-(body limit, aliases). Calls in flight finish on the parts they started with, which are closed
-once their last call is done. Registered sessions, the sampling gate and session state survive
-(state is dropped only when the database or the prompt format changes).
+An option change rebuilds only the part it touches, as mitmproxy's own addons do (each option's
+part is in polar/config/options.py): the capture writer, the upstream backend (mitm/backend.py), the
+backend and the sessions' prompt ids, or the live gateway's per-call settings. Calls in flight finish
+on the parts they started with, which are closed once their last call is done. Registered sessions,
+the sampling gate and session state survive (state is dropped only when the database or the prompt
+format changes).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
-import time
-from collections.abc import Sequence
 from pathlib import Path
 
-from mitmproxy import contentviews, ctx, exceptions, http
-from mitmproxy.net.http import status_codes
+from mitmproxy import ctx, exceptions, http
 
 from polar.capture import working_set
 from polar.capture.writer import CaptureWriter
+from polar.config.options import SPEC, add_options, check, rebuilding
 from polar.errors import GatewayError
 from polar.gateway.gate import SamplingGate
 from polar.gateway.pipeline import Gateway, GatewayReply, GatewayRequest
 from polar.gateway.streaming import StreamingCall, StreamReply
-from polar.mitm import backlog, shutdown
-from polar.mitm.contentview import PolarContentview
+from polar.mitm.backend import build_backend
+from polar.mitm.flows import comment, flow_response, gateway_headers
 from polar.mitm.relay import StreamRelay
+from polar.mitm.shutdown import DRAIN_OPTIONS, quiet_cancelled
 from polar.providers.base import HttpReply
-from polar.sessions.identity import IDENTITY_HEADERS, REDACTED, SECRET_HEADERS, SessionRegistry
-from polar.upstream.vllm_chat import VLLMChat
+from polar.sessions.identity import REDACTED, SECRET_HEADERS, SessionRegistry
 
 log = logging.getLogger("polar.addon")
 
-
-def gateway_headers(headers: http.Headers) -> dict[str, str]:
-    """The request's headers by lower-case name, in one pass over the lines (mitmproxy's `items()` scans
-    every line once per name). A repeated header is joined (HTTP's list rule), except the ones that name a
-    session: of those the last line counts, as in the `--workers` front (haproxy's fhdr)."""
-    joined: dict[str, str] = {}
-    for raw_name, raw_value in headers.fields:
-        name = raw_name.decode("utf-8", "surrogateescape").lower()  # as mitmproxy decodes them
-        value = raw_value.decode("utf-8", "surrogateescape")
-        if name in joined and name not in IDENTITY_HEADERS:
-            value = f"{joined[name]}, {value}"
-        joined[name] = value
-    return joined
-
-def flow_response(reply: HttpReply) -> http.Response:
-    """The gateway's reply as mitmproxy's response, its headers encoded once (`Response.make` encodes them, then
-    looks the length up among them again). Its length is the body's, unless the reply names one — a HEAD answer
-    announces GET's — or it is a 204, which has none (RFC 9110)."""
-    fields = [(k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in reply.headers.items()]
-    if "content-length" not in reply.headers and reply.status != 204:
-        fields.append((b"content-length", b"%d" % len(reply.body)))
-    now = time.time()
-    return http.Response(b"HTTP/1.1", reply.status, status_codes.RESPONSES.get(reply.status, "").encode(),
-                         http.Headers(fields), reply.body, None, now, now)
+WRITER_OPTIONS = rebuilding("writer")
+BACKEND_OPTIONS = rebuilding("backend", "prompt")
+PROMPT_OPTIONS = rebuilding("prompt")  # change the ids a session's turns hold
+GATEWAY_OPTIONS = rebuilding("gateway")
+# The options this addon reads: all of polar's but the drain's (mitm/shutdown.py).
+OWN_OPTIONS = tuple(name for name in SPEC if name not in DRAIN_OPTIONS)
 
 
-WRITER_OPTIONS = {"polar_db", "polar_db_sync", "polar_db_busy_timeout"}
-BACKEND_OPTIONS = {
-    "polar_upstream", "polar_upstream_model", "polar_upstream_key", "polar_upstream_timeout",
-    "polar_tokenizer", "polar_chat_template", "polar_token_endpoint",
-}  # fmt: skip
-PROMPT_OPTIONS = {"polar_tokenizer", "polar_chat_template"}  # change the ids a session's turns hold
-GATEWAY_OPTIONS = {"polar_max_body", "polar_model_aliases", "polar_stream_keepalive", "polar_hot_sessions"}
-
-
-def token_faithful(chat: VLLMChat, tokenizer_dir: str, template_path: str, endpoint: str):
-    from polar.tokens.template import ChatTemplate
-    from polar.upstream.vllm_tokens import TokenFaithful
-
-    template = ChatTemplate.from_dir(tokenizer_dir, template_path or None)
-    template.prepare_long_text()
-    return TokenFaithful(chat, template, endpoint)
-
-
-def build_backend(opts):
-    backend = VLLMChat(
-        opts.polar_upstream,
-        model=opts.polar_upstream_model or None,
-        api_key=opts.polar_upstream_key or None,
-        timeout=opts.polar_upstream_timeout,
-        chat_template=opts.polar_chat_template or None,
-    )
-    if opts.polar_tokenizer:
-        backend = token_faithful(backend, opts.polar_tokenizer, opts.polar_chat_template, opts.polar_token_endpoint)
-    return backend
-
-
-class PolarAddon:
-    def __init__(self) -> None:
+class GatewayAddon:
+    def __init__(self, relay: StreamRelay | None = None) -> None:
         self.gateway: Gateway | None = None
         self.gate = SamplingGate()  # a paused trainer stays paused across option changes
         self._calls: dict[int, int] = {}  # id(gateway) → calls in flight on it (a stream until it settles)
         self._retired: list[Gateway] = []
-        self.relay = StreamRelay()
+        self.relay = relay or StreamRelay()  # where streamed answers leave (its own addon: mitm/relay.py)
         self.stopping = False  # polar is shutting down (mitm/shutdown.py): new calls are refused
         self._streams: set[StreamingCall] = set()  # streamed answers in flight, to end them when polar stops
         self._addr_header = ""  # polar_client_addr_header
@@ -116,69 +62,14 @@ class PolarAddon:
         return self.gateway.registry if self.gateway else None
 
     def load(self, loader) -> None:
-        contentviews.add(PolarContentview(lambda: self.gateway))  # the "polar" view of each call in mitmweb
-        loader.add_option("polar_upstream", str, "http://127.0.0.1:8000", "Base URL of the vLLM server.")
-        loader.add_option("polar_upstream_model", str, "", "Served model name at the upstream ('' = ask its /v1/models).")
-        loader.add_option("polar_upstream_key", str, "", "API key polar sends to the upstream (never the client's).")
-        # int, not float: mitmproxy's `--set` cannot parse float options.
-        loader.add_option("polar_upstream_timeout", int, 600, "Seconds to wait for one upstream answer.")
-        loader.add_option("polar_db", str, "captures.db", "SQLite file that receives one row per model call.")
-        loader.add_option(
-            "polar_db_sync", str, "FULL", "SQLite synchronous mode for captures.", choices=["FULL", "NORMAL"]
-        )
-        loader.add_option(
-            "polar_db_busy_timeout", int, 30,
-            "Seconds a capture write waits for another process's lock on the database before the call fails.",
-        )
-        loader.add_option("polar_max_body", int, 64 * 1024 * 1024, "Largest request body accepted, in bytes.")
-        loader.add_option("polar_model_aliases", Sequence[str], [], "Extra model names listed on GET …/models.")
-        loader.add_option(
-            "polar_tokenizer", str, "",
-            "Hugging Face tokenizer dir of the served model. Set = token-faithful prompts (polar builds the prompt ids, "
-            "reusing each session's sampled ids); '' = vLLM renders the chat template.",
-        )
-        loader.add_option("polar_chat_template", str, "", "Jinja chat template file of the served model ('' = the tokenizer's own). Token-faithful prompts render "
-            "with it; in both modes polar shapes messages so that this template accepts them.")
-        loader.add_option(
-            "polar_token_endpoint", str, "auto", "Token-in vLLM endpoint.", choices=["auto", "generate", "completions"]
-        )
-        loader.add_option(
-            "polar_client_addr_header", str, "",
-            "Header naming the client's address, set by polar's own front (`polar proxy --workers`); '' = the "
-            "connection's peer. Only for a proxy no client reaches directly: a client could claim any address.",
-        )
-        loader.add_option(
-            "polar_drain", int, shutdown.DRAIN_S,
-            "Seconds calls in flight may go on once polar is told to stop (SIGTERM, SIGINT); then a stream ends with "
-            "its provider's error event and a call waiting upstream with an error answer, each captured.",
-        )
-        loader.add_option(
-            "polar_hot_sessions", int, working_set.HOT_SESSIONS,
-            "Sessions taking turns at once that polar keeps each one's history reads, body bases and token ids for "
-            "(~8 MB of memory per 128k-token session). Fewer fit: their calls redo that work (a warning says so).",
-        )
-        loader.add_option(
-            "polar_stream_keepalive", int, 5,
-            "Seconds a streamed answer may stay silent (queue, prefill) before the client gets a keep-alive; 0 = never.",
-        )
-
-    def running(self) -> None:
-        # Keep streamed answers on their flows, so mitmweb shows them like any other answer.
-        if "store_streamed_bodies" in ctx.options and not ctx.options.store_streamed_bodies:
-            ctx.options.update(store_streamed_bodies=True)
-        if (proxyserver := ctx.master.addons.get("proxyserver")) is not None:
-            backlog.widen(proxyserver)  # the servers mitmproxy has just opened (a mode changed later: asyncio's 100)
-        # SIGTERM / SIGINT drain, then stop — under `polar proxy` and `mitmdump -s`/`mitmweb -s` alike (the
-        # handlers replace the ones mitmproxy's main installed, which shut down at once, cutting calls in flight).
-        shutdown.install(ctx.master, self)
-        # What start-up built (mitmproxy, transformers, the template, ~200k objects) lives as long as the
-        # process: out of the collector's sight, a full collection no longer walks it. The objects an
-        # agent-sized request decodes to trigger full collections often, each walking all of start-up's.
-        gc.freeze()
+        add_options(loader, OWN_OPTIONS)
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
-        _check(opts, updated)
+        try:
+            check(opts, updated & set(OWN_OPTIONS))
+        except ValueError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
         self._addr_header = opts.polar_client_addr_header  # read per call: mitmproxy copies an option's value on each read
         old = self.gateway
         if old is not None and not updated & (WRITER_OPTIONS | BACKEND_OPTIONS | GATEWAY_OPTIONS):
@@ -270,28 +161,7 @@ class PolarAddon:
             await self.relay.hand_over(flow, out.reply)
             return
         flow.response = flow_response(out.reply)
-        self._comment(flow)
-
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if self.relay.relayed(flow) is not None:
-            self.relay.restore(flow)  # the request the client sent, for mitmweb
-            flow.response.headers.pop("server", None)  # the relay's own; the client sees the gateway's headers
-            flow.response.stream = True
-
-    def response(self, flow: http.HTTPFlow) -> None:
-        if self.relay.relayed(flow) is not None:
-            self._comment(flow)  # the stream has ended: its token counts are known
-
-    def error(self, flow: http.HTTPFlow) -> None:
-        self.relay.client_gone(flow)  # a stream whose client went away: abort upstream, keep what was sampled
-
-    @staticmethod
-    def _comment(flow: http.HTTPFlow) -> None:
-        meta = flow.metadata.get("polar") or {}
-        if "call_id" in meta:
-            flow.comment = " ".join(
-                f"{k}={meta[k]}" for k in ("session", "provider", "prompt_tokens", "completion_tokens") if k in meta
-            )
+        comment(flow)
 
     def _release(self, gateway: Gateway) -> None:
         self._calls[id(gateway)] -= 1
@@ -342,20 +212,9 @@ class PolarAddon:
             await asyncio.sleep(0.02)
 
     async def done(self) -> None:
-        asyncio.get_running_loop().set_exception_handler(shutdown.quiet_cancelled)  # idle keep-alives, cancelled
+        asyncio.get_running_loop().set_exception_handler(quiet_cancelled)  # idle keep-alives, cancelled
         await self.stop_calls()  # ends what a drain left, closes every upstream client (mitm/shutdown.py)
-        await self.relay.stop()
+        await self.relay.stop()  # its streams have ended: before their writers close
         gateways = [*self._retired, self.gateway]
         for writer in {id(g.writer): g.writer for g in gateways if g is not None}.values():
             writer.close()
-
-
-def _check(opts, updated: set[str]) -> None:
-    """What mitmproxy lets through: `--set` does not hold a value to its option's choices (a typo in the commit
-    mode would capture with another one, silently), and no option has a lower bound."""
-    for name in sorted(n for n in updated if n.startswith("polar_")):
-        choices = opts._options[name].choices
-        if choices and getattr(opts, name) not in choices:
-            raise exceptions.OptionsError(f"{name} must be one of {', '.join(choices)}, not {getattr(opts, name)!r}")
-    if "polar_hot_sessions" in updated and opts.polar_hot_sessions < 1:
-        raise exceptions.OptionsError(f"polar_hot_sessions must be at least 1, not {opts.polar_hot_sessions}")

@@ -24,7 +24,9 @@ def listening_sockets(proxyserver: Any) -> list[Any]:
     """The TCP sockets mitmproxy's proxy servers listen on (asyncio's `Server.sockets`)."""
     found = []
     for instance in proxyserver.servers:
-        for server in getattr(instance, "_servers", ()):  # an asyncio-served mode; WireGuard/UDP have none
+        # An asyncio-served mode's servers (WireGuard/UDP have none): mitmproxy names no public accessor for
+        # them, so the use is pinned in tests/mitm/test_mitmproxy_private.py.
+        for server in getattr(instance, "_servers", ()):
             found += [s for s in getattr(server, "sockets", ()) if s.type == socket.SOCK_STREAM]
     return found
 
@@ -37,3 +39,13 @@ def widen(proxyserver: Any, backlog: int = LISTEN_BACKLOG) -> None:
                 same.listen(backlog)
         except OSError as exc:
             log.warning("could not widen the listen backlog of %s: %s", sock.getsockname(), exc)
+
+
+class BacklogAddon:
+    """Widens the servers mitmproxy has just opened (a mode changed later keeps asyncio's 100)."""
+
+    def running(self) -> None:
+        from mitmproxy import ctx
+
+        if (proxyserver := ctx.master.addons.get("proxyserver")) is not None:
+            widen(proxyserver)

@@ -250,7 +250,7 @@ def tokenizer_of(backend: Any) -> Any:
 
 
 class PolarContentview(contentviews.Contentview):
-    """Registered by the addon; `gateway` returns its current gateway (it changes on reconfiguration)."""
+    """Registered by `ContentviewAddon`; `gateway` returns its current gateway (it changes on reconfiguration)."""
 
     name = "polar"
     syntax_highlight = "none"
@@ -275,3 +275,13 @@ class PolarContentview(contentviews.Contentview):
             raise ValueError("the polar gateway is not configured in this mitmproxy")
         call = load_call(gateway.reader, ref["row"], ref.get("call_id"), self._sessions)
         return render(call, tokenizer_of(gateway.backend), self.low_prob)
+
+
+class ContentviewAddon:
+    """Registers the "polar" view of each call in mitmweb, reading the gateway addon's current gateway."""
+
+    def __init__(self, gateway: Any) -> None:
+        self.gateway = gateway
+
+    def load(self, loader: Any) -> None:
+        contentviews.add(PolarContentview(lambda: self.gateway.gateway))

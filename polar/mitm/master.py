@@ -13,6 +13,7 @@ everything else — order, error logging per addon, `AddonHalt` — is mitmproxy
 from __future__ import annotations
 
 import inspect
+import types
 from typing import Any
 
 from mitmproxy import addonmanager, exceptions, hooks
@@ -58,7 +59,7 @@ class HookedAddons(addonmanager.AddonManager):
         for addon in takers:
             try:
                 with addonmanager.safecall():
-                    for _, func in self._iter_hooks(addon, event):
+                    for func in _hooks(addon, name):
                         if args is None:
                             args = event.args()
                         res = func(*args)
@@ -66,6 +67,18 @@ class HookedAddons(addonmanager.AddonManager):
                             await res
             except exceptions.AddonHalt:
                 return
+
+
+def _hooks(addon: Any, name: str):
+    """The addon's and its children's callables for hook `name`, as mitmproxy's manager finds them (its
+    `traverse`; a module imported under a hook's name is no hook)."""
+    for a in addonmanager.traverse([addon]):
+        func = getattr(a, name, None)
+        if func is None or isinstance(func, types.ModuleType):
+            continue
+        if not callable(func):
+            raise exceptions.AddonManagerError(f"Addon handler {name} ({a}) not callable")
+        yield func
 
 
 class LeanMaster(Master):
@@ -78,6 +91,7 @@ class LeanMaster(Master):
 
         super().__init__(opts, with_termlog=False)
         self.addons = HookedAddons(self)  # before any addon registers with the manager
+        # Master's own slot (its shutdown uninstalls the log handler): pinned in tests/mitm/test_mitmproxy_private.py.
         self._termlog_addon = termlog.TermLog()
         self.addons.add(self._termlog_addon)
         self.addons.add(*(a for a in addons.default_addons() if type(a).__name__ not in UNUSED_ADDONS))

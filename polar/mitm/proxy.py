@@ -1,4 +1,4 @@
-"""Running mitmproxy with the polar addon, from the CLI or in-process (tests, the demo).
+"""Running mitmproxy with polar's addons, from the CLI or in-process (tests, the demo).
 
 Two modes now: `reverse` (the client's base URL points at polar: it answers every path itself)
 and `regular` (an explicit HTTP(S) proxy; HTTPS clients must trust mitmproxy's CA). Transparent
@@ -12,11 +12,14 @@ import ctypes
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
+from functools import partial
 from typing import Any, Literal
 
+from polar.config.options import OPTIONS, SPEC
 from polar.mitm import shutdown
-from polar.mitm.addon import PolarAddon
+from polar.mitm.addon import GatewayAddon
+from polar.mitm.chain import polar_addons
 from polar.mitm.master import LeanMaster
 
 _PR_SET_PDEATHSIG = 1
@@ -29,21 +32,21 @@ def die_with_parent() -> None:
 
 
 @dataclass
-class ProxyConfig:
-    upstream: str = "http://127.0.0.1:8000"
-    db: str = "captures.db"
+class _Listening:
+    """How the proxy listens; the gateway's options (polar/config/options.py) join these as `ProxyConfig`'s fields."""
+
     mode: Literal["reverse", "regular"] = "reverse"
     host: str = "127.0.0.1"
     port: int = 8080
-    upstream_model: str = ""
-    tokenizer: str = ""  # set → token-faithful prompts
     web: bool = False
     web_port: int = 8081
     confdir: str | None = None  # mitmproxy's CA directory (default ~/.mitmproxy)
-    extra: dict[str, Any] = field(default_factory=dict)  # further mitmproxy / polar options
+    extra: dict[str, Any] = field(default_factory=dict)  # further mitmproxy / polar options, by mitmproxy name
 
     def mitm_options(self) -> dict[str, Any]:
-        spec = f"reverse:{self.upstream}@{self.port}" if self.mode == "reverse" else f"regular@{self.port}"
+        # mitmproxy's reverse mode names one server (polar answers every call itself): a fleet's first will do.
+        first = (self.upstream.replace(",", " ").split() or [self.upstream])[0]
+        spec = f"reverse:{first}@{self.port}" if self.mode == "reverse" else f"regular@{self.port}"
         opts: dict[str, Any] = {
             "mode": [spec],
             "listen_host": self.host,
@@ -59,8 +62,22 @@ class ProxyConfig:
         return opts
 
     def polar_options(self) -> dict[str, Any]:
-        return {"polar_upstream": self.upstream, "polar_db": self.db, "polar_upstream_model": self.upstream_model,
-                "polar_tokenizer": self.tokenizer}
+        """Every polar option by its mitmproxy name (`extra` overrides them, as `--set` does `polar proxy`'s flags)."""
+        return {o.name: getattr(self, o.field) for o in OPTIONS}
+
+    def option(self, name: str) -> Any:
+        """One polar option's value as the proxy will run with it (a text value in `extra`: parsed as its type)."""
+        value = self.extra.get(name, getattr(self, SPEC[name].field))
+        return SPEC[name].type(value) if isinstance(value, str) and SPEC[name].type in (int, float) else value
+
+
+ProxyConfig = make_dataclass(
+    "ProxyConfig",
+    [(o.field, list[str] if o.many else o.type,
+      field(default_factory=partial(list, o.default)) if o.many else field(default=o.default)) for o in OPTIONS],
+    bases=(_Listening,),
+)
+ProxyConfig.__doc__ = """A polar proxy's set-up: how it listens, and each polar option (`tokenizer` set → token-faithful)."""
 
 
 async def serve(config: ProxyConfig, ready: threading.Event | None = None, holder: dict | None = None) -> None:
@@ -74,8 +91,9 @@ async def serve(config: ProxyConfig, ready: threading.Event | None = None, holde
         master = WebMaster(opts, with_termlog=True)
     else:
         master = LeanMaster(opts)
-    addon = PolarAddon()
-    master.addons.add(addon)
+    addons = polar_addons()
+    master.addons.add(*addons)
+    addon = addons[0]  # the gateway's
     # One update: a first one without polar's options would build a gateway on the default database.
     opts.update(**config.mitm_options(), **config.polar_options())
     for key, value in config.extra.items():  # text values (from the CLI) are parsed by mitmproxy
@@ -108,7 +126,7 @@ class BackgroundProxy:
         return f"http://{self.config.host}:{self.config.port}"
 
     @property
-    def addon(self) -> PolarAddon:
+    def addon(self) -> GatewayAddon:
         return self._holder["addon"]
 
     @property
@@ -121,7 +139,7 @@ class BackgroundProxy:
     def pause_sampling(self) -> None:
         self._on_loop(self.addon.gate.pause)
 
-    def resume_sampling(self, policy_version: str | None = None) -> None:
+    def resume_sampling(self, policy_version: int | str | None = None) -> None:
         self._on_loop(self.addon.gate.resume, policy_version)
 
     def drain(self, timeout: float = 60.0) -> bool:
@@ -188,12 +206,11 @@ class SubprocessProxy:
         import sys
 
         c = self.config
-        cmd = [sys.executable, "-m", "polar.cli", "proxy", "--upstream", c.upstream, "--db", c.db, "--mode", c.mode,
-               "--host", c.host, "--port", str(c.port)]
-        if c.upstream_model:
-            cmd += ["--upstream-model", c.upstream_model]
-        if c.tokenizer:
-            cmd += ["--tokenizer", c.tokenizer]
+        cmd = [sys.executable, "-m", "polar.cli", "proxy", "--mode", c.mode, "--host", c.host, "--port", str(c.port)]
+        for o in OPTIONS:  # the flags `polar proxy` derives from the same spec
+            value = getattr(c, o.field)
+            if value != o.default:
+                cmd += [a for item in (value if o.many else [value]) for a in (o.flag, str(item))]
         if c.web:
             cmd += ["--web", "--web-port", str(c.web_port)]
         for key, value in c.extra.items():
@@ -225,7 +242,7 @@ class SubprocessProxy:
         """SIGTERM: polar drains its calls in flight (mitm/shutdown.py); killed if it outlasts the drain."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            shutdown.wait_or_signal(self.proc, shutdown.stop_wait_s(self.config.extra))
+            shutdown.wait_or_signal(self.proc, shutdown.stop_wait_s(self.config))
 
 
 def free_port() -> int:

@@ -23,6 +23,7 @@ from aiohttp import web
 from mitmproxy import http
 
 from polar.gateway.streaming import StreamReply
+from polar.mitm.flows import comment
 
 log = logging.getLogger("polar.relay")
 
@@ -39,6 +40,33 @@ class _Original:
     authority: str
     headers: http.Headers
     content: bytes | None
+
+
+class RelayAddon:
+    """The relay's side of each flow: a relayed flow streams its answer and shows the client's own request."""
+
+    def __init__(self, relay: StreamRelay | None = None) -> None:
+        self.relay = relay or StreamRelay()
+
+    def running(self) -> None:
+        from mitmproxy import ctx
+
+        # Keep streamed answers on their flows, so mitmweb shows them like any other answer.
+        if "store_streamed_bodies" in ctx.options and not ctx.options.store_streamed_bodies:
+            ctx.options.update(store_streamed_bodies=True)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if self.relay.relayed(flow) is not None:
+            self.relay.restore(flow)  # the request the client sent, for mitmweb
+            flow.response.headers.pop("server", None)  # the relay's own; the client sees the gateway's headers
+            flow.response.stream = True
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        if self.relay.relayed(flow) is not None:
+            comment(flow)  # the stream has ended: its token counts are known
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self.relay.client_gone(flow)  # a stream whose client went away: abort upstream, keep what was sampled
 
 
 class StreamRelay:

@@ -6,7 +6,7 @@ Both signals stop it, as they stop mitmdump; SIGTERM is what `docker stop`, Kube
 `--workers` supervisor send. The first signal drains: new calls are refused with a 503 in their provider's
 shape (the SDKs retry: another process, or this one restarted, serves them), and the calls in flight go on
 for up to `polar_drain` seconds. Any still running then are ended, each captured with what was sampled: a
-stream with its provider's error event, a call waiting upstream with an error answer (the addon's
+stream with its provider's error event, a call waiting upstream with an error answer (the gateway addon's
 `stop_calls`). Then mitmproxy shuts down: the relay, the upstream client and the capture writer close, and
 the process exits 0. A second signal cuts the wait short.
 
@@ -23,23 +23,24 @@ import subprocess
 import threading
 from typing import Any
 
-from mitmproxy import ctx
+from mitmproxy import ctx, exceptions
+
+from polar.config.options import add_options, check
 
 log = logging.getLogger("polar.shutdown")
 
+DRAIN_OPTIONS = ("polar_drain",)
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# `polar_drain`'s default: under Kubernetes' default grace of 30 s, with time left to end the rest. docker
-# stop's default is 10 s: there set polar_drain below it (or give docker stop -t more).
-DRAIN_S = 20
 STOP_MARGIN_S = 15  # past the drain: ending what is left and closing the writer, before a supervisor kills
 # mitmproxy sends an answer once the addon's hook returns, and has no hook for "sent": the last answers
 # get this long on a running loop (local writes) before shutting down cancels the connections' tasks.
 _WRITE_S = 0.2
 
 
-def stop_wait_s(options: dict[str, Any]) -> int:
-    """How long a supervisor waits for a stopped `polar proxy` with these `--set` options before killing it."""
-    return int(options.get("polar_drain", DRAIN_S)) + STOP_MARGIN_S
+def stop_wait_s(config: Any) -> int:
+    """How long a supervisor waits for a stopped `polar proxy` (its `ProxyConfig`) before killing it."""
+    return config.option("polar_drain") + STOP_MARGIN_S
 
 
 def wait_or_signal(proc: subprocess.Popen, seconds: float, then: int = signal.SIGKILL) -> None:
@@ -50,6 +51,26 @@ def wait_or_signal(proc: subprocess.Popen, seconds: float, then: int = signal.SI
         proc.send_signal(then)
         if then == signal.SIGKILL:
             proc.wait(timeout=10)
+
+
+class DrainAddon:
+    """Installs the drain as mitmproxy starts (`running`); reads `polar_drain` when a signal comes. `gateway`: the
+    gateway addon, whose calls it waits for and ends."""
+
+    def __init__(self, gateway: Any) -> None:
+        self.gateway = gateway
+
+    def load(self, loader: Any) -> None:
+        add_options(loader, DRAIN_OPTIONS)
+
+    def configure(self, updated: set[str]) -> None:
+        try:
+            check(ctx.options, updated & set(DRAIN_OPTIONS))
+        except ValueError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+
+    def running(self) -> None:
+        install(ctx.master, self.gateway)
 
 
 def install(master: Any, addon: Any) -> None:
@@ -83,7 +104,7 @@ async def _stop(master: Any, addon: Any, drain_s: float, cut_short: asyncio.Even
         log.warning("polar: ending %d calls still in flight", addon.in_flight())
         await addon.stop_calls()  # while mitmproxy still serves: each answer reaches its client
         await asyncio.sleep(_WRITE_S)
-    master.shutdown()  # then the addon's `done` closes the relay, the upstream client and the writer
+    master.shutdown()  # then the gateway addon's `done` closes the relay, the upstream client and the writer
 
 
 async def _drained(addon: Any, cut_short: asyncio.Event) -> None:

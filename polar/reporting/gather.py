@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from polar.capture.shards import open_captures
+from polar.reporting.replicas import ReplicaStats, replica_stats
 from polar.rollout.tasks import SessionResult, harness_name
 from polar.sqlite_files import WrongDatabase, open_readonly
 from polar.trajectories.builders import by_session, is_failed, is_sample, prefix_merge
@@ -121,6 +122,7 @@ class RunData:
     drift: list[SessionDrift] | None  # None without a capture DB
     capture_span: tuple[float, float] | None = None  # first call's start, last call's end (epoch seconds)
     verification: Verification | None = None  # `polar verify --json` results, when given
+    replicas: list[ReplicaStats] = field(default_factory=list)  # per fleet replica, when the run had a fleet
 
     @property
     def has_state(self) -> bool:
@@ -141,6 +143,15 @@ class RunData:
     @property
     def breaks(self) -> int:
         return sum(len(d.breaks) for d in self.drift or [])
+
+    def add_replica_metrics(self, metrics: dict[str, dict[str, float] | None]) -> None:
+        """Each fleet replica's vLLM metrics (by URL) onto its row; a replica no capture names gets one."""
+        by_url = {r.replica: r for r in self.replicas}
+        for url, found in metrics.items():
+            if url not in by_url:
+                by_url[url] = ReplicaStats(url)
+                self.replicas.append(by_url[url])
+            by_url[url].metrics = found
 
     def by_policy_version(self) -> dict[int, list[SessionStats]]:
         """Finished sessions by the policy version they ran under (a trainer's run: its learning curve),
@@ -166,16 +177,17 @@ def gather(state: str | Path | None = None, captures: str | Path | None = None,
         state = Path(state)
         for stats in _read_state(state):
             sessions[stats.session_id] = stats
-    drift, span = None, None
+    drift, span, replicas = None, None, []
     if captures is not None:
         captures = Path(captures)
         rows = _read_captures(captures)
         _attach_captures(sessions, rows)
         drift = drift_report(rows, tokenizer)
+        replicas = replica_stats(rows)
         timed = [r for r in rows if r.get("t_start") is not None]
         if timed:
             span = (min(r["t_start"] for r in timed), max(r.get("t_end") or r["t_start"] for r in timed))
-    return RunData(state, captures, list(sessions.values()), drift, span, checks)
+    return RunData(state, captures, list(sessions.values()), drift, span, checks, replicas)
 
 
 # -- the rollout state ----------------------------------------------------------------------------

@@ -31,6 +31,8 @@ def render(data: RunData, title: str = "polar run report") -> str:
     sections = [_summary(data), _rewards(data), _tokens(data), _timings(data), _prefix_merge(data), _drift(data)]
     if data.verification is not None:  # an input of its own (polar verify's results): its section comes with it
         sections.append(_verification(data))
+    if data.replicas:  # the run sampled on a fleet of replicas
+        sections.append(_replicas(data))
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return _TEMPLATE.render(title=title, sections=sections, generated=generated, FOLD_ROWS=FOLD_ROWS,
                             inputs=[("rollout state", data.state_path), ("capture DB", data.captures_path)])
@@ -79,6 +81,8 @@ def _summary(data: RunData) -> Section:
     if data.has_state:
         outcomes = Counter(r.outcome for r in results)
         rows.append(["outcomes", " · ".join(f"{o} {n}" for o, n in outcomes.most_common()) or "none yet"])
+        cut = Counter(r.cut["reason"] for r in results if r.cut)
+        rows.append(["cut by the watchdog", " · ".join(f"{o} {n}" for o, n in sorted(cut.items())) or "none"])
         rewards = [r.reward for r in results if r.reward is not None]
         rows.append(["mean reward", f"{statistics.fmean(rewards):.3f} over {len(rewards)} scored sessions "
                      f"(min {min(rewards):.3f}, max {max(rewards):.3f})" if rewards else "no session scored"])
@@ -281,6 +285,25 @@ def _drift(data: RunData) -> Section:
     if breaks:
         section.tables.append(Table.of("prefix breaks", ["session", "row", "left row", "evidence", "position", "in",
                                                          "prompt mode", "expected", "actual"], breaks))
+    return section
+
+
+def _replicas(data: RunData) -> Section:
+    section = Section("replicas", "Fleet replicas",
+                      "Each upstream replica's share of the run, from the capture rows: calls it answered or failed, "
+                      "calls it failed that another replica then answered, sessions, tokens, the policy versions "
+                      "its samples carry; with `--upstream`, each server's vLLM prefix-cache hit rate since it started. "
+                      "Live load is in `polar rollout status`.")
+    rows = [[r.replica, r.calls, r.ok, r.failed, r.failed_over, len(r.sessions), r.prompt_tokens, r.sampled_tokens,
+             ", ".join(sorted(r.policy_versions)) or "–"] for r in data.replicas]
+    header = ["replica", "calls", "ok", "failed", "failed over", "sessions", "prompt tokens", "sampled tokens",
+              "policy versions"]
+    if any(r.metrics is not None for r in data.replicas):  # `polar report --upstream`: read from vLLM now
+        header.append("vLLM prefix-cache hit rate")
+        for row, r in zip(rows, data.replicas, strict=True):
+            rate = r.prefix_cache_hit_rate
+            row.append("no answer" if r.metrics is None else "–" if rate is None else f"{rate:.1%}")
+    section.tables = [Table.of("per replica", header, rows)]
     return section
 
 

@@ -36,7 +36,7 @@ STYLE = {
     "legend.frameon": False,
 }
 OUTCOME_COLORS = {"ok": "#2e7d32", "timeout": "#ef6c00", "error": "#c62828", "stale": "#757575",
-                  "cancelled": "#6a1b9a"}
+                  "cancelled": "#6a1b9a", "looping": "#f9a825", "stalled": "#8d6e63", "budget": "#00838f"}
 STAGE_ORDER = ["init", "run", "postrun"]
 BLUE, LIGHT_BLUE, GREY, RED = "#1565c0", "#90caf9", "#9e9e9e", "#c62828"
 

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from polar.rollout.tasks import SessionResult, TaskSpec
+from polar.upstream.fleet.weights import FleetWeights
 from polar.upstream.vllm_weights import VLLMWeights
 
 DEFAULT_URL = "http://127.0.0.1:8090"
@@ -81,7 +82,7 @@ class RolloutClient:
     def resume(self, policy_version: int | None = None) -> dict[str, Any]:
         return self._call("POST", "/resume", json={"policy_version": policy_version})
 
-    def update_policy(self, vllm: VLLMWeights, weights_dir: str | Path, version: int,
+    def update_policy(self, vllm: VLLMWeights | FleetWeights, weights_dir: str | Path, version: int,
                       drain_timeout: float = 60.0) -> dict[str, Any]:
         """One policy update behind polar's gate: pause (no session starts; model calls drain), vLLM loads
         `weights_dir` and names it `version`, resume under `version`. From then on every call polar
@@ -89,6 +90,8 @@ class RolloutClient:
 
         Raises polar.upstream.vllm_weights.WeightSyncError when vLLM could not load the weights; the
         rollout then stays paused (with vLLM), so nothing samples from weights that may be half replaced.
+        A fleet (FleetWeights) updates every replica; the rollout resumes when at least one took the new
+        weights, and polar's fleet keeps the ones that failed (`replicas_failed`) out until they serve it.
         """
         t0 = time.monotonic()
         paused = self.pause(drain_timeout=drain_timeout)
@@ -98,7 +101,7 @@ class RolloutClient:
         resumed = self.resume(policy_version=version)
         return {"policy_version": resumed["policy_version"], "undrained_calls": paused["in_flight_calls"],
                 "drain_s": drained - t0, "load_s": loaded.seconds, "resume_s": time.monotonic() - t1,
-                "total_s": time.monotonic() - t0}
+                "total_s": time.monotonic() - t0, "replicas_failed": getattr(loaded, "failed", {})}
 
     def health(self) -> bool:
         try:

@@ -2,7 +2,8 @@
 
 Built-ins: `completed` (the harness ended by itself), `test_output` (run a command in the
 session's sandbox, score its output), `swe` (apply the session's diff to a clean copy of the
-repository with the hidden tests, run FAIL_TO_PASS and PASS_TO_PASS), `script_reward` (a script
+repository with the hidden tests, run FAIL_TO_PASS and PASS_TO_PASS), `swebench` (a SWE-bench
+instance graded by the `swebench` package's own code: polar.rollout.swebench_eval), `script_reward` (a script
 writes a reward file). Anything else is `module:attribute`: an `Evaluator` subclass, or a function
 taking an `EvalContext` and returning a float, a dict with `reward`, or an `Evaluation`.
 
@@ -210,14 +211,19 @@ class _FunctionEvaluator(Evaluator):
 
 
 EVALUATORS: dict[str, type[Evaluator]] = {cls.name: cls for cls in (Completed, TestOutput, SWE, ScriptReward)}
+# Built-ins in their own modules, imported when first named (they import this one).
+_BUILTIN_ELSEWHERE = {"swebench": "polar.rollout.swebench_eval:SWEBench",
+                      "harbor": "polar.rollout.harbor_tasks:HarborVerifier"}
 
 
 def make_evaluator(spec: Named) -> Evaluator:
     if spec.name in EVALUATORS:
         return EVALUATORS[spec.name](**spec.options)
-    if ":" not in spec.name:
-        raise ValueError(f"unknown evaluator {spec.name!r}: use one of {', '.join(EVALUATORS)} or module:attribute")
-    module, _, attr = spec.name.partition(":")
+    name = _BUILTIN_ELSEWHERE.get(spec.name, spec.name)
+    if ":" not in name:
+        raise ValueError(f"unknown evaluator {spec.name!r}: use one of {', '.join([*EVALUATORS, *_BUILTIN_ELSEWHERE])} "
+                         "or module:attribute")
+    module, _, attr = name.partition(":")
     target = getattr(importlib.import_module(module), attr)
     if isinstance(target, type) and issubclass(target, Evaluator):
         return target(**spec.options)

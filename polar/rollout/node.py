@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from polar.rollout.tasks import Outcome, SessionResult, SessionSpec
+from polar.rollout.tasks import Outcome, SessionResult, SessionSpec, WatchdogOptions
 
 log = logging.getLogger("polar.rollout.node")
 
@@ -33,6 +33,7 @@ class NodeConfig:
     pipelined: bool = True  # False: each slot does INIT→RUN→POSTRUN in turn (the benchmark's baseline)
     max_staleness: int | None = None  # refuse to start sessions more than K policy versions behind
     kill_grace: float = 30.0  # past a deadline, how long the runtime gets to kill the harness before the node moves on
+    watchdog: WatchdogOptions | None = None  # the run's long-tail cut; a task's own options override it
 
     def __post_init__(self) -> None:
         sizes = {"init_workers": self.init_workers, "ready_size": self.ready_size, "running_slots": self.running_slots,

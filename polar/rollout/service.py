@@ -86,7 +86,7 @@ class LocalNode:
 
     async def resume(self, policy_version: int | None) -> None:
         if (gateway := self._gateway()) is not None:
-            await asyncio.to_thread(gateway.resume_sampling, None if policy_version is None else str(policy_version))
+            await asyncio.to_thread(gateway.resume_sampling, policy_version)  # the gate labels calls with it
         self.node.resume(policy_version)
 
     async def in_flight_calls(self) -> int:
@@ -102,7 +102,17 @@ class LocalNode:
         return await self.node.next_events(timeout)
 
     async def stats(self) -> dict[str, Any]:
-        return self.node.stats()
+        stats = self.node.stats()
+        if (fleet := self._fleet()) is not None:  # per replica: in or out, load, failures, prefix-cache hits
+            loop = self._gateway().master.event_loop
+            stats["fleet"] = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fleet.report(), loop))
+        return stats
+
+    def _fleet(self):
+        """The gateway's fleet of upstream replicas, when it has several (polar/upstream/fleet)."""
+        gateway = self._gateway()
+        backend = getattr(getattr(getattr(gateway, "addon", None), "gateway", None), "backend", None)
+        return backend if hasattr(backend, "report") else None
 
     async def close(self) -> None:
         await self.node.stop()

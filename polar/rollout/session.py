@@ -1,4 +1,5 @@
-"""What the pools do with one real session: sandbox, harness, capture, trajectories, reward.
+"""What the pools do with one real rollout session: sandbox, harness, capture, trajectories, reward. (The
+gateway's sessions — which session a call belongs to and its token state — are `polar/sessions/`.)
 
 INIT starts the sandbox (for Docker without a task image: an image with the harness's CLI, git,
 python3 and pytest, built once and cached), copies the repository in and records its state as a
@@ -11,6 +12,7 @@ evaluates, attaches rewards and tears everything down, whatever failed on the wa
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import sys
 import threading
@@ -20,16 +22,19 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from polar.capture.reader import CaptureReader
-from polar.harnesses import Harness, SessionContext, make_harness, write_files
+from polar.harnesses import SUPPORT_DIR, Harness, SessionContext, make_harness, write_files
 from polar.rollout.evaluators import EvalContext, Evaluation, Evaluator, make_evaluator
 from polar.rollout.node import HarnessRun, NodeConfig
-from polar.rollout.tasks import SessionResult, SessionSpec
+from polar.rollout.tasks import SessionResult, SessionSpec, WatchdogOptions
+from polar.rollout.watchdog import Cut, Watcher
 from polar.runtime.base import Runtime, Sandbox, SandboxSpec
 from polar.runtime.local import LocalRuntime
 from polar.trajectories.builders import prefix_merge
 from polar.trajectories.model import Trajectory
 
-WORKDIR = "/work"
+WORKDIR = "/work"  # the default TaskSpec.workdir
+HARNESS_PID = f"{SUPPORT_DIR}/harness.pid"  # a watched harness's pid (its process group): the watchdog ends it
+log = logging.getLogger("polar.rollout.session")
 _GIT = ["git", "-c", "user.email=rollout@polar.invalid", "-c", "user.name=polar", "-c", "commit.gpgsign=false"]
 
 
@@ -100,6 +105,8 @@ class Prepared:
     ctx: SessionContext
     eval_prepared: Any = None
     has_git: bool = False
+    watch: WatchdogOptions | None = None  # the session's long-tail cut options, when watched
+    cut: Cut | None = None  # the watchdog ended the harness
 
 
 class SessionPhases:
@@ -111,6 +118,7 @@ class SessionPhases:
         self._run_pool = ThreadPoolExecutor(max(1, config.running_slots), thread_name_prefix="rollout-run")
         self._post_pool = ThreadPoolExecutor(max(1, config.postrun_workers), thread_name_prefix="rollout-post")
         self._images: dict[tuple[int, str], str] = {}  # (runtime, harness) → built image
+        self.watchdog = config.watchdog
         self._images_lock = threading.Lock()
 
     async def _in(self, pool: ThreadPoolExecutor, fn, *args):
@@ -120,7 +128,34 @@ class SessionPhases:
         return await self._in(self._init_pool, self._init, spec)
 
     async def run(self, prepared: Prepared, timeout: float) -> HarnessRun:
-        return await self._in(self._run_pool, self._run, prepared, timeout)
+        task = prepared.spec.task
+        options = task.watchdog.over(self.watchdog) if task.watchdog else self.watchdog
+        if options is None or not options.active:
+            return await self._in(self._run_pool, self._run, prepared, timeout)
+        prepared.watch = options
+        harness = asyncio.ensure_future(self._in(self._run_pool, self._run, prepared, timeout))
+        watch = asyncio.create_task(self._watch(prepared, options, harness))
+        try:
+            return await harness
+        finally:
+            watch.cancel()
+
+    async def _watch(self, prepared: Prepared, options: WatchdogOptions, harness: asyncio.Future) -> None:
+        """Poll the session's captured calls while its harness runs; on a cut, end the harness."""
+        watcher: Watcher | None = None
+        while not harness.done():
+            await asyncio.sleep(options.poll_seconds)
+            try:
+                watcher = watcher or Watcher(options, self.env.capture_db, prepared.spec.capture_id)
+                cut = await asyncio.to_thread(watcher.check)
+            except Exception as exc:  # a watch that cannot read the captures must not end the session
+                log.warning("session %s: watchdog: %s: %s", prepared.spec.session_id, type(exc).__name__, exc)
+                continue
+            if cut is not None and not harness.done():
+                prepared.cut = cut
+                log.info("session %s cut (%s): %s", prepared.spec.session_id, cut.reason, cut.detail)
+                await asyncio.to_thread(self._end_harness, prepared)
+                return
 
     async def postrun(self, prepared: Prepared, run: HarnessRun, policy_version: int | None) -> SessionResult:
         return await self._in(self._post_pool, self._postrun, prepared, run, policy_version)
@@ -150,14 +185,14 @@ class SessionPhases:
         if image != task.image:  # the evaluator's clean copy runs in the same image
             spec = spec.model_copy(update={"task": task.model_copy(update={"image": image})})
         ctx = SessionContext(session_id=spec.capture_id, api_key="sk-polar-" + secrets.token_hex(16),
-                             base_url=self.env.polar_urls.get(task.runtime, self.env.polar_url), workdir=WORKDIR,
+                             base_url=self.env.polar_urls.get(task.runtime, self.env.polar_url), workdir=task.workdir,
                              model=task.model, python=self.env.pythons.get(task.runtime, "python3"))
-        sandbox = runtime.start(SandboxSpec(image=image or "", session=spec.capture_id, workdir=WORKDIR,
+        sandbox = runtime.start(SandboxSpec(image=image or "", session=spec.capture_id, workdir=task.workdir,
                                             ca_cert=Path(self.env.ca_cert) if self.env.ca_cert else None))
         prepared = Prepared(spec, sandbox, runtime, harness, evaluator, ctx)
         try:
             if task.repo:
-                sandbox.copy_in(task.repo, WORKDIR)
+                sandbox.copy_in(task.repo, task.workdir)
             prepared.has_git = self._baseline(sandbox)
             write_files(sandbox, harness.files())
             for target, source in harness.host_files(ctx).items():
@@ -200,19 +235,39 @@ class SessionPhases:
 
     def _run(self, prepared: Prepared, timeout: float) -> HarnessRun:
         argv, env = prepared.harness.launch(prepared.spec.task.instruction, prepared.ctx)
+        if prepared.watch is not None:  # under a shell that records the pid: its process group can be ended alone
+            pidfile = prepared.ctx.sandbox_relative(HARNESS_PID)
+            record = 'mkdir -p "$(dirname "$0")" && echo $$ > "$0" && exec "$@"'
+            argv = ["sh", "-c", record, pidfile, *(argv if isinstance(argv, list) else ["sh", "-c", argv])]
         done = prepared.sandbox.exec(argv, env=env, timeout=timeout)
         return HarnessRun(exit_code=done.exit_code, timed_out=done.timed_out,
                           output_tail=(done.stdout[-2000:] + done.stderr[-2000:]))
 
+    @staticmethod
+    def _end_harness(prepared: Prepared) -> None:
+        """Kill the watched harness's process group; the sandbox stays for the diff and the evaluation."""
+        pidfile = prepared.ctx.sandbox_relative(HARNESS_PID)
+        # The group of the recorded pid: its own (local runtime), or that of the `timeout` a container's exec
+        # runs it under (Docker). /proc/<pid>/stat after the command name: state, ppid, pgrp. dash's kill takes no `--`.
+        kill = ('p="$(cat "$0")" && g="$(sed "s/.*) //" /proc/$p/stat | cut -d" " -f3)" && [ "$g" -gt 1 ] '
+                '&& kill -KILL -"$g"')
+        done = prepared.sandbox.exec(["sh", "-c", kill, pidfile], timeout=30)
+        if not done.ok:
+            log.warning("session %s: ending the harness failed: %s", prepared.spec.session_id, done.stderr[-300:])
+
     def _postrun(self, prepared: Prepared, run: HarnessRun, policy_version: int | None) -> SessionResult:
         spec = prepared.spec
+        cut = prepared.cut
+        outcome = cut.reason if cut else "timeout" if run.timed_out else "error" if run.error else "ok"
         result = SessionResult(session_id=spec.session_id, task_id=spec.task.id, sample=spec.sample,
-                               outcome="timeout" if run.timed_out else "error" if run.error else "ok",
-                               error=f"harness: {run.error}" if run.error else None, partial=run.timed_out,
+                               outcome=outcome, error=f"harness: {run.error}" if run.error and not cut else None,
+                               partial=run.timed_out or cut is not None, cut=cut.as_dict() if cut else None,
                                policy_version=policy_version, metadata=spec.task.metadata,
                                harness_exit=run.exit_code, harness_output=run.output_tail)
         try:
             result.trajectories = self._trajectories(spec, run, policy_version)
+            for t in result.trajectories if cut else ():
+                t.metadata["cut"] = cut.reason
             try:
                 diff = self._diff(prepared.sandbox) if prepared.has_git else None
                 ctx = EvalContext(spec.task, prepared.ctx, prepared.sandbox, prepared.runtime, run, diff,

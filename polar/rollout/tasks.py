@@ -19,8 +19,11 @@ from polar.trajectories.model import Trajectory
 Stage = Literal["queued", "init", "ready", "running", "postrun", "done"]
 # ok: harness ended by itself; timeout: deadline hit (partial trajectory kept); error: a runtime,
 # harness install or evaluator crash (see `error`); stale: refused, policy too far behind;
-# cancelled: the trainer cancelled the task before the session finished.
-Outcome = Literal["ok", "timeout", "error", "stale", "cancelled"]
+# cancelled: the trainer cancelled the task before the session finished. The watchdog's cuts (the
+# trajectory so far kept, `partial` and `cut` set): looping: the same tool call or text over and over;
+# stalled: no model call for too long; budget: the session's sampled tokens reached its budget.
+Outcome = Literal["ok", "timeout", "error", "stale", "cancelled", "looping", "stalled", "budget"]
+CUT_OUTCOMES = ("looping", "stalled", "budget")
 
 
 class _Model(BaseModel):
@@ -34,6 +37,29 @@ class Named(_Model):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+class WatchdogOptions(_Model):
+    """The long tail cut (polar.rollout.watchdog): a session that trips one of these ends early. None: not watched."""
+
+    repeated_tool_calls: int | None = Field(default=None, ge=2)  # the same tool call(s) N answers in a row
+    # The same text K times: an answer whose tail repeats one span K times, or K answers in a row alike.
+    repeated_text: int | None = Field(default=None, ge=2)
+    min_span_chars: int = Field(default=32, ge=1)  # shorter repeated spans are not looping (lists, tables)
+    stall_seconds: float | None = Field(default=None, gt=0)  # no model call started or ended for this long
+    token_budget: int | None = Field(default=None, ge=1)  # tokens the session's calls may sample in all
+    poll_seconds: float = Field(default=0.5, gt=0)  # how often the capture store is read
+
+    @property
+    def active(self) -> bool:
+        return any(v is not None for v in (self.repeated_tool_calls, self.repeated_text, self.stall_seconds,
+                                           self.token_budget))
+
+    def over(self, base: WatchdogOptions | None) -> WatchdogOptions:
+        """These options over `base` (the run's): what this one sets wins, the rest comes from `base`."""
+        if base is None:
+            return self
+        return base.model_copy(update={k: getattr(self, k) for k in self.model_fields_set})
+
+
 class TaskSpec(_Model):
     # Session ids derive from it and travel in capture rows, URLs and sandbox names: keep it plain.
     id: str = Field(default_factory=lambda: "task-" + secrets.token_hex(4),
@@ -42,6 +68,8 @@ class TaskSpec(_Model):
     repo: str | None = None  # host directory copied into the session's workdir
     # The container image; None: Docker builds one for the harness (its CLI, git, python3, pytest).
     image: str | None = None  # ignored by the local runtime
+    # Where the repository is (and the harness works): a SWE-bench instance image has it at /testbed.
+    workdir: str = Field(default="/work", pattern=r"^/[A-Za-z0-9._/-]*$")
     harness: Named = Field(default_factory=lambda: Named(name="python-agent"))
     runtime: str = "local"
     evaluator: Named = Field(default_factory=lambda: Named(name="completed"))
@@ -49,6 +77,7 @@ class TaskSpec(_Model):
     timeout: float = Field(default=600.0, gt=0)  # seconds the harness may run
     model: str = "polar-policy"  # the model name harnesses ask for
     policy_version: int | None = None  # the trainer's version at submission (default: the service's)
+    watchdog: WatchdogOptions | None = None  # over the run's watchdog options (NodeConfig.watchdog)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -78,7 +107,8 @@ class SessionResult(_Model):
     outcome: Outcome
     reward: float | None = None
     error: str | None = None  # the cause, for outcome "error" (which stage, what failed)
-    partial: bool = False  # the trajectory stopped early (deadline) but is kept
+    partial: bool = False  # the trajectory stopped early (deadline, watchdog) but is kept
+    cut: dict[str, Any] | None = None  # the watchdog's cut: {"reason": outcome, "detail": what it saw, "at": seconds}
     harness_exit: int | None = None
     harness_output: str = ""  # the tail of the harness's stdout and stderr, for diagnosis
     policy_version: int | None = None  # the trainer's version when the session started running
@@ -101,7 +131,7 @@ def harness_name(spec_json: str | None) -> str | None:
 
 # Evaluator options that name host files: relative paths in a tasks file are relative to that file.
 # (A harness's `script` is a shell command, not a file.)
-_PATH_OPTIONS = ("hidden", "script")
+_PATH_OPTIONS = ("hidden", "script", "tests")
 
 
 def load_tasks(path: str | Path) -> list[TaskSpec]:

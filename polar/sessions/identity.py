@@ -8,7 +8,7 @@ Resolution order, most explicit first:
   4. the client address (a container's IP in transparent mode), registered or not.
 
 Names are read from the header's bytes as they came, the last line of a repeated header, trimmed of
-ASCII whitespace; the front of `--workers` (mitm/front.py) derives its affinity key by the same
+ASCII whitespace; the front of `--workers` (supervise/front.py) derives its affinity key by the same
 rules, so two spellings polar takes for one session always reach one worker.
 
 A registered key or address *binds* its client to a session: a runtime registered it, so it is

@@ -1,201 +1,42 @@
-"""Sampled text → assistant message (content, reasoning, tool calls), per model family.
+"""Sampled text → assistant message, per model family: the registry of the families' parsers.
 
-In token-faithful mode polar sends vLLM token ids, so vLLM's own reasoning and tool parsers never
-run: this module does their job on the decoded sample. Every family shares the reasoning split and
-the scan for tool-call blocks; a family only says how its blocks are delimited and how to read one.
-
-Nothing the model wrote is lost. A tool call that cannot be read (bad JSON, an unknown function,
-a missing closing tag, a generation cut by the length limit) stays in `content` as the raw text,
-and `malformed` says what was wrong with it. The parsers never raise on model output.
-
-To add a family: subclass `TurnParser`, set its block markers, implement `read_call`, and register
-an instance in `PARSERS` (and teach `family_for_template` to recognise its template).
+The shared part (reasoning split, call-block scan, `ParsedTurn`) is in turn_parser.py; each family's
+block syntax is a module under formats/. To add a family: subclass `TurnParser` there, register an
+instance in `PARSERS` under the name families.py gives as its `parser`.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import secrets
-from dataclasses import dataclass, field
 from typing import Any
 
-from polar.canonical import Tool, ToolCall
+from polar.tokens.families import detect
+from polar.tokens.formats.deepseek import DeepSeekDsmlParser, DeepSeekV4Parser, DeepSeekV31Parser
+from polar.tokens.formats.glm import GlmParser
+from polar.tokens.formats.kimi import KimiK2Parser
+from polar.tokens.formats.llama import Llama3JsonParser
+from polar.tokens.formats.minimax import MiniMaxM2Parser
+from polar.tokens.formats.qwen import Qwen3JsonParser, Qwen3XmlParser
+from polar.tokens.turn_parser import (
+    THINK_END,
+    THINK_START,
+    Malformed,
+    ParsedTurn,
+    TurnParser,
+    new_call_id,
+    tool_schemas,
+    typed_value,
+)
 
-THINK_START, THINK_END = "<think>", "</think>"
-_SNIPPET = 120
-
-
-@dataclass
-class ParsedTurn:
-    content: str
-    reasoning: str | None  # None: no reasoning block at all; "": an empty one
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    truncated: bool = False  # the generation hit its length limit
-    malformed: list[str] = field(default_factory=list)  # one line per problem; the raw text stays in content
-
-
-class Malformed(Exception):
-    """A tool-call block that cannot be read; the message is the reason."""
-
-
-def new_call_id() -> str:
-    return f"call_{secrets.token_hex(12)}"
-
-
-class TurnParser:
-    """The shared part, and the family with no tool-call syntax (`plain`)."""
-
-    name = "plain"
-    call_start: str | None = None
-    call_end: str | None = None
-    # End-of-turn markers a caller may leave at the end of the decoded sample.
-    stop_texts: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")
-
-    def parse(self, text: str, *, think_open: bool, finish_reason: str, tools: list[Any]) -> ParsedTurn:
-        truncated = finish_reason == "length"
-        text = self._without_stop_text(text)
-        reasoning, rest, closed = _split_reasoning(text, think_open)
-        turn = ParsedTurn(content="", reasoning=reasoning, truncated=truncated)
-        if not closed and not truncated:
-            turn.malformed.append(f"the turn ended inside the reasoning block (no {THINK_END})")
-        if self.call_start and self.call_end:
-            self._split_calls(rest, tool_schemas(tools), turn)
-        else:
-            turn.content = rest
-        return turn
-
-    def read_call(self, body: str, schemas: dict[str, dict]) -> tuple[str, str]:
-        """One block's inside → (function name, arguments as JSON text); raise Malformed otherwise."""
-        raise NotImplementedError
-
-    def _without_stop_text(self, text: str) -> str:
-        for stop in self.stop_texts:
-            if text.endswith(stop):
-                return text[: -len(stop)]
-        return text
-
-    def _split_calls(self, text: str, schemas: dict[str, dict], turn: ParsedTurn) -> None:
-        """Fill turn.tool_calls; text outside good calls (and bad calls, raw) becomes content."""
-        start_tag, end_tag = self.call_start, self.call_end
-        assert start_tag and end_tag
-        runs = [""]  # the text between well-formed calls
-        pos = 0
-        while (start := text.find(start_tag, pos)) >= 0:
-            runs[-1] += text[pos:start]
-            inner = start + len(start_tag)
-            end = text.find(end_tag, inner)
-            following = text.find(start_tag, inner)
-            if end < 0 or 0 <= following < end:
-                stop = following if following >= 0 else len(text)
-                why = (
-                    "unfinished tool call (the generation hit its length limit)"
-                    if turn.truncated and following < 0
-                    else f"a {start_tag} block is never closed"
-                )
-                self._reject(turn, why, text[start:stop], runs)
-                pos = stop
-                continue
-            pos = end + len(end_tag)
-            try:
-                name, arguments = self.read_call(text[inner:end], schemas)
-            except Malformed as exc:
-                self._reject(turn, str(exc), text[start:pos], runs)
-                continue
-            turn.tool_calls.append(ToolCall(id=new_call_id(), name=name, arguments=arguments))
-            runs.append("")
-        runs[-1] += text[pos:]
-        turn.content = _join_runs(runs)
-
-    @staticmethod
-    def _reject(turn: ParsedTurn, reason: str, raw: str, runs: list[str]) -> None:
-        snippet = raw if len(raw) <= _SNIPPET else raw[:_SNIPPET] + "…"
-        turn.malformed.append(f"{reason}: {snippet!r}")
-        runs[-1] += raw
-
-
-class Qwen3JsonParser(TurnParser):
-    """Qwen3 / Qwen2.5 (vLLM's `hermes`): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`.
-
-    `arguments` is sliced out of the sample exactly as the model wrote it (compact or spaced,
-    escaped or raw non-ASCII), never re-serialised, so the tool call a client receives carries the
-    model's own text.
-    """
-
-    name = "qwen3"
-    call_start, call_end = "<tool_call>", "</tool_call>"
-
-    def read_call(self, body: str, schemas: dict[str, dict]) -> tuple[str, str]:
-        text = body.strip()
-        try:
-            obj = json.loads(text, parse_constant=_reject_constant)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-            raise Malformed(f"the tool call is not valid JSON ({exc})") from None
-        if not isinstance(obj, dict):
-            raise Malformed("the tool call is not a JSON object")
-        name = obj.get("name")
-        if not isinstance(name, str) or not name:
-            raise Malformed('the tool call has no "name" string')
-        _check_known(name, schemas)
-        raw = _member_texts(text).get("arguments")
-        args = obj.get("arguments")
-        if raw is None or args is None:
-            return name, "{}"
-        if isinstance(args, dict):
-            return name, raw
-        if isinstance(args, str):  # some models write the object as a JSON string
-            try:
-                inner = json.loads(args, parse_constant=_reject_constant)
-            except (ValueError, RecursionError):
-                inner = None
-            if isinstance(inner, dict):
-                return name, args
-        raise Malformed('"arguments" is not a JSON object')
-
-
-class Qwen3XmlParser(TurnParser):
-    """Qwen3.5 / Qwen3-Coder (vLLM's `qwen3_xml` / `qwen3_coder`):
-
-        <tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>
-
-    A value is text; the tool's JSON schema says how to type it (strings stay strings; numbers,
-    booleans, objects and arrays are read as JSON, falling back to the text). The arguments are then
-    written with json.dumps(ensure_ascii=False): the model never wrote JSON, so there is none to keep.
-    """
-
-    name = "qwen3_xml"
-    call_start, call_end = "<tool_call>", "</tool_call>"
-    _function = re.compile(r"\s*<function=([^>\n]*)>(.*)</function>\s*", re.S)
-    _parameter = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", re.S)
-
-    def read_call(self, body: str, schemas: dict[str, dict]) -> tuple[str, str]:
-        m = self._function.fullmatch(body)
-        if not m:
-            if "<function=" not in body:
-                raise Malformed("no <function=NAME> inside the tool call")
-            if "</function>" not in body:
-                raise Malformed("the <function=...> block is never closed")
-            raise Malformed("text around the <function=...> block inside the tool call")
-        name, inner = m.group(1).strip(), m.group(2)
-        if not name:
-            raise Malformed("the <function=...> tag has no name")
-        _check_known(name, schemas)
-        props = _properties(schemas.get(name))
-        args: dict[str, Any] = {}
-        for pm in self._parameter.finditer(inner):
-            key = pm.group(1).strip()
-            args[key] = typed_value(_unpad(pm.group(2)), props.get(key))
-        leftover = self._parameter.sub("", inner).strip()
-        if leftover:
-            if "<parameter=" in leftover:
-                raise Malformed("a <parameter=...> block is never closed")
-            raise Malformed("text outside the <parameter=...> blocks of the function")
-        return name, json.dumps(args, ensure_ascii=False)
-
+__all__ = [
+    "PARSERS", "THINK_END", "THINK_START", "Malformed", "ParsedTurn", "Qwen3JsonParser", "Qwen3XmlParser", "TurnParser",
+    "family_for_template", "new_call_id", "parse_turn", "tool_schemas", "typed_value",
+]  # fmt: skip
 
 PARSERS: dict[str, TurnParser] = {
     "qwen3": Qwen3JsonParser(),
     "qwen3_xml": Qwen3XmlParser(),
+    **{p.name: p for p in (GlmParser(), MiniMaxM2Parser(), DeepSeekV31Parser(), DeepSeekDsmlParser(), DeepSeekV4Parser(),
+                           KimiK2Parser(), Llama3JsonParser())},
     "plain": TurnParser(),
 }
 
@@ -210,116 +51,7 @@ def parse_turn(text: str, family: str, *, think_open: bool, finish_reason: str, 
 
 
 def family_for_template(template_text: str) -> str:
-    """The output family a chat template teaches its model (`plain` when it shows no tool calls)."""
-    if "<function=" in template_text:
-        return "qwen3_xml"
-    if "<tool_call>" in template_text:
-        return "qwen3"
-    return "plain"
-
-
-def tool_schemas(tools: list[Any]) -> dict[str, dict]:
-    """Function name → parameters schema, from canonical Tools or OpenAI-style tool dicts."""
-    out: dict[str, dict] = {}
-    for tool in tools or []:
-        if isinstance(tool, Tool):
-            out[tool.name] = tool.parameters
-            continue
-        fn = tool.get("function", tool) if isinstance(tool, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            params = fn.get("parameters")
-            out[fn["name"]] = params if isinstance(params, dict) else {}
-    return out
-
-
-def typed_value(text: str, schema: Any) -> Any:
-    """A parameter's text as the value its schema asks for; strings, unknown and untyped stay text."""
-    types = _schema_types(schema)
-    if not types or "string" in types:
-        return text
-    if "boolean" in types and text.strip() in ("True", "False"):  # Python-style, as some templates write them
-        return text.strip() == "True"
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
-        return text
-
-
-# -- helpers ------------------------------------------------------------------------------------
-
-_DECODER = json.JSONDecoder()
-_WS = " \t\n\r"
-
-
-def _split_reasoning(text: str, think_open: bool) -> tuple[str | None, str, bool]:
-    """(reasoning, the rest, whether the reasoning block was closed)."""
-    if not think_open:
-        lead = text.lstrip()
-        if not lead.startswith(THINK_START):
-            return None, text, True
-        text = lead[len(THINK_START) :]
-    end = text.find(THINK_END)
-    if end < 0:
-        return text.strip("\n"), "", False
-    return text[:end].strip("\n"), text[end + len(THINK_END) :].lstrip("\n"), True
-
-
-def _join_runs(runs: list[str]) -> str:
-    """Content around well-formed calls: whitespace touching a call is template glue, not content."""
-    if len(runs) == 1:
-        return runs[0]
-    parts = [runs[0].rstrip(), *(r.strip() for r in runs[1:-1]), runs[-1].lstrip()]
-    return "\n\n".join(p for p in parts if p)
-
-
-def _member_texts(text: str) -> dict[str, str]:
-    """Top-level member name → its value's exact source text, for a valid JSON object `text`."""
-    out: dict[str, str] = {}
-    i = _skip_ws(text, 1)
-    while text[i] != "}":
-        key, i = _DECODER.raw_decode(text, i)
-        i = _skip_ws(text, _skip_ws(text, i) + 1)  # past the colon
-        _, end = _DECODER.raw_decode(text, i)
-        out[key] = text[i:end]
-        i = _skip_ws(text, end)
-        if text[i] == ",":
-            i = _skip_ws(text, i + 1)
-    return out
-
-
-def _skip_ws(text: str, i: int) -> int:
-    while text[i] in _WS:
-        i += 1
-    return i
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _check_known(name: str, schemas: dict[str, dict]) -> None:
-    if name not in schemas:
-        known = ", ".join(sorted(schemas)) or "none"
-        raise Malformed(f"unknown function {name!r} (tools offered: {known})")
-
-
-def _properties(schema: Any) -> dict[str, Any]:
-    props = schema.get("properties") if isinstance(schema, dict) else None
-    return props if isinstance(props, dict) else {}
-
-
-def _schema_types(schema: Any) -> set[str]:
-    if not isinstance(schema, dict):
-        return set()
-    declared = schema.get("type")
-    types = {declared} if isinstance(declared, str) else {t for t in declared or [] if isinstance(t, str)}
-    for key in ("anyOf", "oneOf"):
-        for member in schema.get(key) or []:
-            types |= _schema_types(member)
-    return types
-
-
-def _unpad(value: str) -> str:
-    """Drop the one newline the format puts on each side of a value."""
-    value = value[1:] if value.startswith("\n") else value
-    return value[:-1] if value.endswith("\n") else value
+    """The parser for the output a chat template teaches its model (`plain`: polar has none for it; families.py
+    says which family it is, and token-faithful mode refuses such a template)."""
+    family = detect(template_text)
+    return family.parser if family and family.parser else "plain"

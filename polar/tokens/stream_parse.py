@@ -71,6 +71,8 @@ class TurnStream:
         start, end = self._parser.call_start, self._parser.call_end
         # (with len(start) <= len(end) + 1, no start tag can hide before a found end tag)
         self._tags = (start, end) if start and end else None
+        # A family whose calls are the whole answer (Llama's JSON): the answer is held while it may be calls.
+        self._answer: list[str] | None = [] if getattr(self._parser, "whole_answer", False) else None
         self._fed: list[str] = []
         self._out: list[Delta] = []
         self._sent: list[ToolCallDelta] = []  # the calls streamed so far
@@ -119,6 +121,13 @@ class TurnStream:
         truth = full_text if self.diverged else fed
         self.result = parse_turn(truth[: stop_cut(truth, self.stop_strings)], self.family,
                                  think_open=self.think_open, finish_reason=finish_reason, tools=self.tools)
+        if self._answer is not None:  # held to the end: the whole answer is calls, or it is the content
+            held, self._answer = "".join(self._answer), None
+            for call in self.result.tool_calls:
+                self._sent.append(ToolCallDelta(len(self._sent), call.arguments, call.id, call.name))
+                self._out.append(self._sent[-1])
+            if not self.result.tool_calls:
+                self._emit(TextDelta, held)
         for call, sent in zip(self.result.tool_calls, self._sent):
             if (call.name, call.arguments) == (sent.name, sent.arguments):  # always, unless diverged
                 call.id = sent.id  # the ids the client saw
@@ -187,6 +196,11 @@ class TurnStream:
     def _calls(self, text: str) -> None:
         """Stage 4: tool-call blocks, as `_split_calls`."""
         if not self._tags:
+            if self._answer is not None:
+                self._answer.append(text)
+                if self._parser.may_be_calls("".join(self._answer)):
+                    return None
+                text, self._answer = "".join(self._answer), None
             return self._emit(TextDelta, text)  # no call syntax: the rest is the content, verbatim
         start = self._tags[0]
         while text:
@@ -223,13 +237,14 @@ class TurnStream:
         cut = base + e
         self._block = None
         try:
-            name, arguments = self._parser.read_call(body[:cut], self._schemas)
+            calls = self._parser.read_calls(body[:cut], self._schemas)
         except Malformed:
             self._content(start + body[: cut + len(end)])
         else:
             self._ws, self._run_started = [], False  # whitespace touching a call is template glue
-            self._sent.append(ToolCallDelta(len(self._sent), arguments, parsers.new_call_id(), name))
-            self._out.append(self._sent[-1])
+            for name, arguments in calls:
+                self._sent.append(ToolCallDelta(len(self._sent), arguments, parsers.new_call_id(), name))
+                self._out.append(self._sent[-1])
         return body[cut + len(end) :]
 
     def _content(self, text: str) -> None:

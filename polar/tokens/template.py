@@ -24,6 +24,7 @@ from typing import Any
 from polar.canonical import Message, Tool
 from polar.errors import GatewayError
 from polar.tokens.encoder import IdsEncoder, ids_encoder
+from polar.tokens.families import require_token_faithful
 from polar.tokens.messages import to_openai_messages
 from polar.tokens.parsers import THINK_END, THINK_START, ParsedTurn, family_for_template, parse_turn
 from polar.tokens.segments import SegmentIds
@@ -64,7 +65,8 @@ class _NoContinuation(Exception):
 class _Probe:
     end_of_turn: str  # the marker the template writes right after assistant content
     bridge: str  # what the template writes after it when the conversation ends there
-    tail: str  # sentinel + end_of_turn + bridge: how the probe's assistant turn must end in every render
+    tail: str  # sentinel + calls + end_of_turn + bridge: how the probe's assistant turn must end in every render
+    calls: str = ""  # the probe's tool-call markup between its content and end_of_turn (a call probe only)
 
 
 class ChatTemplate:
@@ -87,20 +89,24 @@ class ChatTemplate:
         self.family = family_for_template(text)
         ids = [tokenizer.eos_token_id, *(eos_token_ids or [])]
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in ids if isinstance(i, int)))
-        self._probes: dict[bool | None, _Probe] = {}
+        self._probes: dict[tuple[bool | None, int], _Probe] = {}
         self._generation_prompts: dict[bool | None, str] = {}
         self._whole: Callable[[str], list[int]] | None = None  # whole prompts' encoder (turn pieces reused)
 
     @classmethod
     def from_dir(cls, path: str | Path, template_path: str | Path | None = None) -> ChatTemplate:
-        """A Hugging Face tokenizer directory; its generation_config.json adds stop ids, as in vLLM."""
+        """A Hugging Face tokenizer directory; its generation_config.json adds stop ids, as in vLLM.
+
+        Raises UnknownTemplate (a ValueError) when polar cannot read the family's output out of sampled tokens."""
         from transformers import AutoTokenizer
 
         path = Path(path)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         text = Path(template_path).read_text() if template_path else None
         name = Path(template_path).stem if template_path else path.name
-        return cls(tokenizer, text, eos_token_ids=_generation_eos_ids(path), name=name)
+        template = cls(tokenizer, text, eos_token_ids=_generation_eos_ids(path), name=name)
+        require_token_faithful(template.template_text, f"the chat template {name!r}")  # never silent (families.py)
+        return template
 
     def traits(self) -> TemplateTraits:
         """What this template accepts (probed once per template text); `shape` uses them."""
@@ -177,7 +183,7 @@ class ChatTemplate:
     def end_of_turn(self) -> str | None:
         """The stop token the template writes right after assistant content (None: it writes none)."""
         try:
-            return self._probe(None).end_of_turn
+            return self._probe(None, 0).end_of_turn
         except _NoContinuation:
             return None
 
@@ -201,21 +207,26 @@ class ChatTemplate:
         first with the template's end-of-turn marker. When the template cannot render the new
         messages on their own, the result has `failure` set and no ids.
         """
+        new = openai_messages(new_messages)
+        # Tool results follow a turn that called those tools: some templates render them from it (MiniMax-M2
+        # refuses them without one, DeepSeek-V3.2 writes one results block for all of its calls), so the probe
+        # turn makes as many calls as tool results lead the new messages.
+        calls = next((i for i, m in enumerate(new) if m.get("role") != "tool"), len(new))
         try:
-            probe = self._probe(enable_thinking)
-            messages = [*_probe_messages(), *openai_messages(new_messages)]
+            probe = self._probe(enable_thinking, calls)
+            messages = [*_probe_messages(calls), *new]
             rendered = self.render(messages, tools, True, enable_thinking)
         except _NoContinuation as exc:
             return Continuation.failed(str(exc))
         except GatewayError as exc:
             return Continuation.failed(f"the template cannot render the new messages on their own: {exc.message}")
-        at = rendered.find(PROBE_SENTINEL, max(rendered.find(PROBE_USER), 0))
-        if at < 0 or not rendered.startswith(probe.tail, at):
+        at = rendered.find(probe.tail, max(rendered.find(PROBE_USER), 0))
+        if at < 0:
             return Continuation.failed(
                 "the template ends an assistant turn differently when messages follow it, so the sampled "
                 "end-of-turn tokens are not what a re-render would show"
             )
-        text = rendered[at + len(PROBE_SENTINEL) + len(probe.end_of_turn) :]
+        text = rendered[at + len(PROBE_SENTINEL) + len(probe.calls) + len(probe.end_of_turn) :]
         if not previous_ended_with_eos:
             text = probe.end_of_turn + text
         return Continuation(
@@ -254,29 +265,34 @@ class ChatTemplate:
             tools=tools,
         )
 
-    def _probe(self, enable_thinking: bool | None) -> _Probe:
-        if enable_thinking not in self._probes:
-            self._probes[enable_thinking] = self._measure_probe(enable_thinking)
-        return self._probes[enable_thinking]
+    def _probe(self, enable_thinking: bool | None, calls: int = 0) -> _Probe:
+        key = (enable_thinking, calls)
+        if key not in self._probes:
+            self._probes[key] = self._measure_probe(enable_thinking, calls)
+        return self._probes[key]
 
-    def _measure_probe(self, enable_thinking: bool | None) -> _Probe:
+    def _measure_probe(self, enable_thinking: bool | None, calls: int) -> _Probe:
         try:
-            rendered = self.render(_probe_messages(), None, False, enable_thinking)
+            rendered = self.render(_probe_messages(calls), None, False, enable_thinking)
         except GatewayError as exc:
             raise _NoContinuation(f"the template cannot render a user/assistant exchange: {exc.message}") from None
         at = rendered.rfind(PROBE_SENTINEL)
         after = rendered[at + len(PROBE_SENTINEL) :] if at >= 0 else ""
         markers = [self.tokenizer.convert_ids_to_tokens(i) for i in self.eos_token_ids]
-        end_of_turn = next((m for m in markers if isinstance(m, str) and after.startswith(m)), None)
+        markup = ""
+        if calls:  # the calls' markup comes first: the turn ends at the first stop token after it
+            found = [i for m in markers if isinstance(m, str) and (i := after.find(m)) >= 0]
+            markup = after[: min(found)] if found else ""
+        end_of_turn = next((m for m in markers if isinstance(m, str) and after.startswith(m, len(markup))), None)
         if end_of_turn is None:
             raise _NoContinuation(
                 f"the template does not end an assistant turn with a stop token right after its content "
                 f"(it writes {after[:40]!r}; stop tokens: {markers})"
             )
-        bridge = after[len(end_of_turn) :]
+        bridge = after[len(markup) + len(end_of_turn) :]
         if any(m in bridge for m in markers if isinstance(m, str)):
             raise _NoContinuation(f"the template writes more than one stop token after an assistant turn: {after!r}")
-        return _Probe(end_of_turn, bridge, PROBE_SENTINEL + after)
+        return _Probe(end_of_turn, bridge, PROBE_SENTINEL + after, markup)
 
 
 # -- OpenAI-shaped inputs, as vLLM hands them to templates ---------------------------------------
@@ -328,8 +344,14 @@ def _with_argument_objects(message: dict[str, Any], index: int) -> dict[str, Any
     return {**message, "tool_calls": parsed}
 
 
-def _probe_messages() -> list[dict[str, Any]]:
-    return [{"role": "user", "content": PROBE_USER}, {"role": "assistant", "content": PROBE_SENTINEL}]
+def _probe_messages(calls: int = 0) -> list[dict[str, Any]]:
+    assistant: dict[str, Any] = {"role": "assistant", "content": PROBE_SENTINEL}
+    if calls:
+        # the calls are named by the sentinel too: a template that writes no content beside calls (Llama) still shows
+        # where the probe's turn is; the turn's end is measured after the last one.
+        assistant["tool_calls"] = [{"id": f"polarprb{i}", "type": "function",
+                                    "function": {"name": PROBE_SENTINEL, "arguments": {}}} for i in range(1, calls + 1)]
+    return [{"role": "user", "content": PROBE_USER}, assistant]
 
 
 def _generation_eos_ids(path: Path) -> list[int]:

@@ -6,11 +6,11 @@ import contextlib
 
 from mitmproxy.test import taddons
 
-from polar.mitm.addon import PolarAddon
+from polar.mitm.addon import GatewayAddon
 
 
 @contextlib.contextmanager
-def _master(addon: PolarAddon):
+def _master(addon: GatewayAddon):
     """mitmproxy's test context (conftest.py puts the real one back afterwards)."""
     with taddons.context(addon) as context:
         yield context
@@ -18,7 +18,7 @@ def _master(addon: PolarAddon):
 
 def test_each_option_rebuilds_only_its_part(tmp_path, tokenizer_dir, monkeypatch):
     monkeypatch.chdir(tmp_path)  # loading configures every option once, the default database included
-    addon = PolarAddon()
+    addon = GatewayAddon()
     with _master(addon) as tctx:
         tctx.configure(addon, polar_db=str(tmp_path / "a.db"), polar_upstream="http://127.0.0.1:9")
         first = addon.gateway
@@ -60,7 +60,7 @@ def test_hot_sessions_size_every_per_session_cache_of_the_live_gateway(tmp_path,
     from polar.capture.working_set import AGENT_BODY_BYTES, DEFAULT
 
     monkeypatch.chdir(tmp_path)
-    addon = PolarAddon()
+    addon = GatewayAddon()
     with _master(addon) as tctx:
         tctx.configure(addon, polar_db=str(tmp_path / "a.db"), polar_upstream="http://127.0.0.1:9")
         gateway = addon.gateway
@@ -91,7 +91,7 @@ def test_a_value_outside_an_options_choices_is_refused(tmp_path, monkeypatch):
     from mitmproxy import exceptions
 
     monkeypatch.chdir(tmp_path)
-    addon = PolarAddon()
+    addon = GatewayAddon()
     with _master(addon) as tctx:
         tctx.configure(addon, polar_db=str(tmp_path / "a.db"), polar_upstream="http://127.0.0.1:9")
         for name, value in (("polar_db_sync", "OFF"), ("polar_token_endpoint", "chat")):

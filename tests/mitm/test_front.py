@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mitmproxy.net.http.http1.read import read_request_head
 
-from polar.mitm.addon import gateway_headers
-from polar.mitm.front import haproxy_config
+from polar.mitm.flows import gateway_headers
 from polar.mitm.proxy import free_port
 from polar.sessions.identity import SessionRegistry
+from polar.supervise.front import haproxy_config
 from tests.mitm.test_workers import haproxy_ready  # noqa: F401  (the fixture: haproxy must be installed)
 
 ECHO = '  http-request return status 200 content-type text/plain lf-string "%[var(txn.polar_key),hex]"'  # hex: the bytes as hashed

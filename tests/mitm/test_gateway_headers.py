@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mitmproxy import http
 
-from polar.mitm.addon import gateway_headers
+from polar.mitm.flows import gateway_headers
 from polar.sessions.identity import IDENTITY_HEADERS
 
 NAMES = st.sampled_from([b"Accept", b"accept", b"Anthropic-Beta", b"anthropic-beta", b"X-Polar-Session",

@@ -27,8 +27,8 @@ from click.testing import CliRunner
 from polar.capture.reader import CaptureReader
 from polar.capture.shards import SHARD_ID_SPAN, open_captures, shard_path
 from polar.cli import main
-from polar.mitm.front import CLIENT_ADDR_HEADER, haproxy_binary
 from polar.mitm.proxy import free_port
+from polar.supervise.front import CLIENT_ADDR_HEADER, haproxy_binary
 
 REPO = Path(__file__).resolve().parents[2]
 TURNS = 3

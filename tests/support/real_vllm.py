@@ -137,6 +137,18 @@ def real_vllm_server(
 ) -> Iterator[str]:
     """Serve the tiny model with scripts/serve_vllm_cpu.sh (on `port`, else a free one), with the model's own
     chat template or `chat_template` (a real one: its tool-call parser follows); yield the base URL; stop it."""
+    url, pid = launch_real_vllm(model_dir, max_model_len, chat_template, port)
+    try:
+        yield url
+    finally:
+        stop_real_vllm(pid)
+
+
+def launch_real_vllm(model_dir: Path | None = None, max_model_len: int = MAX_MODEL_LEN,
+                     chat_template: Path | None = None, port: int | None = None,
+                     env: dict[str, str] | None = None) -> tuple[str, int]:
+    """As real_vllm_server, without the stopping: (base URL, the process group to stop with stop_real_vllm).
+    `env`: more for scripts/serve_vllm_cpu.sh (e.g. VLLM_SERVER_DEV_MODE, POLAR_VLLM_ARGS)."""
     require_vllm_venv()
     model = ensure_tiny_model(model_dir)
     port = port or free_port()
@@ -146,7 +158,7 @@ def real_vllm_server(
         "POLAR_SERVED_MODEL": SERVED_MODEL,
         "POLAR_VLLM_LOG": str(log),
         "POLAR_VLLM_TIMEOUT": str(STARTUP_TIMEOUT),
-    }
+    } | (env or {})
     if chat_template is not None:  # the last --tool-call-parser wins over the script's default
         parser = REAL_TEMPLATES.get(Path(chat_template).stem, "qwen3_coder")
         extra = f"--chat-template {chat_template} --tool-call-parser {parser}"
@@ -163,10 +175,7 @@ def real_vllm_server(
         pytest.fail(f"vLLM did not start:\n{start.stdout}\n{start.stderr}", pytrace=False)
     pid = int(start.stdout.split()[-1])
     print(f"vLLM cold start {time.monotonic() - started:.0f}s ({Path(chat_template).stem if chat_template else 'model template'})")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        _stop(pid)
+    return f"http://127.0.0.1:{port}", pid
 
 
 class OneServer:
@@ -208,7 +217,7 @@ def _reused_urls() -> dict[str, str]:
     return {name.strip(): url.strip().rstrip("/") for name, url in urls.items()}
 
 
-def _stop(pid: int) -> None:
+def stop_real_vllm(pid: int) -> None:
     """SIGTERM the server's process group (API server + engine core), SIGKILL it if it lingers."""
     try:
         os.killpg(pid, signal.SIGTERM)

@@ -31,7 +31,7 @@ class WeightServer:
         routes = [Route(path, self._handle, methods=[method]) for method, path in [
             ("POST", "/pause"), ("POST", "/resume"), ("GET", "/is_paused"), ("POST", "/collective_rpc"),
             ("POST", "/reset_prefix_cache"), ("POST", "/update_weight_version"), ("GET", "/weight_info"),
-            ("GET", "/server_info")]]
+            ("GET", "/server_info"), ("GET", "/health")]]
         self._server = BackgroundServer(Starlette(routes=routes))
         self.url = ""
 
@@ -59,6 +59,8 @@ class WeightServer:
         if path == "/resume":
             self.paused = False
             return JSONResponse({"status": "resumed"})
+        if path == "/health":  # (what a fleet's probe asks first)
+            return Response(status_code=200)
         if path == "/is_paused":
             return JSONResponse({"is_paused": self.paused})
         if path == "/collective_rpc":

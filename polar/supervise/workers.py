@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from polar.capture.shards import shard_path
-from polar.mitm.front import CLIENT_ADDR_HEADER, haproxy_binary, haproxy_config
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, die_with_parent, free_port
 from polar.mitm.shutdown import STOP_MARGIN_S, stop_wait_s, wait_or_signal
+from polar.supervise.front import CLIENT_ADDR_HEADER, haproxy_binary, haproxy_config
 
 # Children in a session of their own: a Ctrl-C reaches the supervisor alone, which then stops them in
 # order (front first), instead of racing them to their deaths and reporting one as a failure.
@@ -59,7 +59,8 @@ class WorkerSet:
         self._dir = tempfile.TemporaryDirectory(prefix="polar-front-")
         self.workers = [
             SubprocessProxy(replace(config, host="127.0.0.1", port=free_port(), db=str(shard_path(config.db, i)),
-                                    extra={**config.extra, "polar_client_addr_header": CLIENT_ADDR_HEADER}))
+                                    client_addr_header=CLIENT_ADDR_HEADER,  # the front's, whatever --set said
+                                    extra={k: v for k, v in config.extra.items() if k != "polar_client_addr_header"}))
             for i in range(count)
         ]
 
@@ -133,7 +134,7 @@ class WorkerSet:
         front, workers = self.children[len(self.workers):], self.children[: len(self.workers)]
         _signal(front, signal.SIGUSR1)
         _signal(workers, signal.SIGTERM)
-        _wait(workers, stop_wait_s(self.config.extra))
+        _wait(workers, stop_wait_s(self.config))
         _wait(front, _FRONT_FLUSH_S, then=signal.SIGTERM)  # answers haproxy still writes to slow clients
         _wait(front, STOP_MARGIN_S)
         self._dir.cleanup()

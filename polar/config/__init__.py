@@ -1,0 +1,1 @@
+"""How polar is configured: its options, each declared once (options.py)."""

@@ -1,0 +1,1 @@
+"""Process supervision: `polar proxy --workers N`, N gateway processes behind one haproxy front."""

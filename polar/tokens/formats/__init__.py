@@ -1,0 +1,1 @@
+"""One module per model family's output format: its `TurnParser` (registered in polar/tokens/parsers.py)."""

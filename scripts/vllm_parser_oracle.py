@@ -1,0 +1,71 @@
+"""vLLM's own tool-call and reasoning parsers over a corpus of sampled texts: the oracle polar's parsers are held to.
+
+Run with the real vLLM venv's Python (it imports vllm): reads a corpus JSON (a list of samples: family, vLLM tool and
+reasoning parser names, the special tokens the family's vocabulary carries, tools, text) and writes one result per
+sample: vLLM's reasoning, content and tool calls (name, arguments), or the error it raised. vLLM's parsers need a
+tokenizer object; where the family's real vocabulary is not at hand the Qwen3.5 vocabulary plus the family's real
+special tokens stands in (the parsers look only their special tokens up in it).
+
+    ~/.cache/polar/vllm-venv/bin/python scripts/vllm_parser_oracle.py CORPUS.json OUT.json --tokenizer DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+
+
+def main() -> None:
+    args = argparse.ArgumentParser()
+    args.add_argument("corpus")
+    args.add_argument("out")
+    args.add_argument("--tokenizer", required=True, help="the base vocabulary (a Hugging Face tokenizer dir)")
+    opts = args.parse_args()
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.disable(logging.WARNING)
+    from transformers import AutoTokenizer
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    corpus = json.load(open(opts.corpus))
+    tokenizers: dict[tuple[str, ...], object] = {}
+    out = []
+    for sample in corpus:
+        specials = tuple(sample["special_tokens"])
+        if specials not in tokenizers:
+            tok = AutoTokenizer.from_pretrained(opts.tokenizer)
+            tok.add_tokens(list(specials), special_tokens=True)
+            tokenizers[specials] = tok
+        tok = tokenizers[specials]
+        # Reasoning parsers read the prompt's thinking switch (DeepSeek's `thinking`) from it, as in serving.
+        request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}],
+                                        tools=sample["tools"] or None,
+                                        chat_template_kwargs=sample["chat_template_kwargs"] or None)
+        result: dict = {"id": sample["id"]}
+        try:
+            text = sample["text"]
+            if sample["reasoning_parser"]:
+                rp = ReasoningParserManager.get_reasoning_parser(sample["reasoning_parser"])(
+                    tok, chat_template_kwargs=request.chat_template_kwargs)
+                reasoning, content = rp.extract_reasoning(text, request)
+            else:
+                reasoning, content = None, text
+            result["reasoning"] = reasoning
+            tp = ToolParserManager.get_tool_parser(sample["tool_parser"])(tok, request.tools)
+            info = tp.extract_tool_calls(content or "", request)
+            result["content"] = info.content
+            result["tool_calls"] = [{"name": c.function.name, "arguments": c.function.arguments} for c in info.tool_calls]
+        except Exception as exc:  # noqa: BLE001 - the oracle's own failure is a result to compare
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            result["traceback"] = traceback.format_exc(limit=3)
+        out.append(result)
+    json.dump(out, open(opts.out, "w"), ensure_ascii=False, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

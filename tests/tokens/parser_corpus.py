@@ -1,0 +1,165 @@
+"""A shared corpus of sampled assistant turns per family, written by each family's real chat template, for comparing
+polar's parsers with vLLM's own (scripts/vllm_parser_oracle.py).
+
+Each sample is an assistant turn the real template renders (so the markup is the template's, not polar's), cut
+where the model would have stopped (the end-of-turn token is the stop id vLLM strips), read after the template's
+own generation prompt: a generation prompt that opens `<think>` makes the sample start inside the reasoning.
+Hostile samples: parallel calls, nested and non-ASCII arguments, empty arguments, text before a call, a call cut
+by max_tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from polar.tokens.families import detect
+from polar.tokens.parsers import PARSERS
+from polar.tokens.template import openai_messages
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "write_file", "description": "Write", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}, "opts": {"type": "object"},
+                                         "flag": {"type": "boolean"}}, "required": ["path"]}}},
+    {"type": "function", "function": {"name": "list_dir", "description": "List",
+                                      "parameters": {"type": "object", "properties": {}}}},
+]  # fmt: skip
+# The labels (tests/conftest.py FAMILY_TEMPLATES) whose template transformers renders, one per family polar parses.
+CORPUS_TEMPLATES = ("qwen3", "qwen3.5", "nemotron-3-nano", "glm-4.6", "glm-4.7", "deepseek-v3.1", "deepseek-v3.2",
+                    "deepseek-v4", "kimi-k2", "minimax-m2", "llama-3.3")
+# Each family's special tokens: the stand-in vocabulary vLLM's parsers look up (Qwen3.5's plus these).
+SPECIAL_TOKENS = {
+    "glm45": ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<think>",
+              "</think>", "<|observation|>", "<|user|>", "<|assistant|>", "<|system|>"],
+    "minimax_m2": ["<minimax:tool_call>", "</minimax:tool_call>", "<think>", "</think>"],
+    "deepseek_v31": ["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+                     "<｜tool▁sep｜>", "<think>", "</think>", "<｜end▁of▁sentence｜>"],
+    "deepseek_dsml": ["<think>", "</think>", "<｜end▁of▁sentence｜>"],
+    "deepseek_v4": ["<think>", "</think>", "<｜end▁of▁sentence｜>"],
+    "kimi_k2": ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                "<|tool_call_end|>", "<|tool_call_argument_begin|>", "<think>", "</think>", "<|im_end|>"],
+    "llama3_json": ["<|python_tag|>", "<|eot_id|>", "<|eom_id|>", "<|start_header_id|>", "<|end_header_id|>"],
+    "qwen3": [], "qwen3_xml": [],
+}  # fmt: skip
+
+
+def _call(i: int, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"id": f"call{i}abcd", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+NESTED = {"path": "日本/ü file.txt", "opts": {"deep": [1, {"x": "é\"q"}], "n": None}, "flag": True}
+TURNS: dict[str, dict[str, Any]] = {
+    "one-call": {"reasoning_content": "I should look it up.", "content": "",
+                 "tool_calls": [_call(1, "get_weather", {"city": "Paris", "days": 2})]},
+    "text-before-call": {"reasoning_content": "Think.", "content": "Let me check the weather.",
+                         "tool_calls": [_call(1, "get_weather", {"city": "Paris"})]},
+    "parallel": {"reasoning_content": "Two at once.", "content": "",
+                 "tool_calls": [_call(1, "get_weather", {"city": "Oslo", "days": 1}),
+                                _call(2, "list_dir", {})]},
+    "nested-non-ascii": {"reasoning_content": "Write it.", "content": "", "tool_calls": [_call(1, "write_file", NESTED)]},
+    "empty-arguments": {"reasoning_content": "Nothing to pass.", "content": "", "tool_calls": [_call(1, "list_dir", {})]},
+    "answer": {"reasoning_content": "Easy.", "content": "It is sunny in Paris, 21 °C.\nEnjoy!"},
+}  # fmt: skip
+
+
+ONE_CALL_A_TURN = {"llama-3.3"}  # its template raises on parallel calls
+
+
+@dataclass
+class Sample:
+    id: str
+    label: str  # the template's label in FAMILY_TEMPLATES
+    family: str  # polar's parser key
+    tool_parser: str
+    reasoning_parser: str
+    special_tokens: list[str]
+    think_open: bool
+    finish_reason: str
+    text: str
+    expected_calls: list[list[Any]]  # [name, arguments object] the turn was rendered from (None: truncated)
+    tools: list[dict[str, Any]]
+    chat_template_kwargs: dict[str, Any]  # what the request told the template (and so vLLM's reasoning parser)
+
+
+def build(templates: dict[str, str], tokenizer: Any) -> list[Sample]:
+    """label → template text; `tokenizer` only renders (transformers' apply_chat_template, as vLLM)."""
+    samples: list[Sample] = []
+    for label, text in templates.items():
+        family = detect(text)
+        assert family and family.parser, label
+        user = [{"role": "user", "content": "What is the weather in Paris?"}]
+        bare = _render(tokenizer, text, user, False)
+        prompt = _render(tokenizer, text, user, True)[len(bare) :]
+        for name, turn in TURNS.items():
+            try:
+                whole = _render(tokenizer, text, [*user, {"role": "assistant", **turn}], False)
+            except Exception as exc:  # noqa: BLE001 - Llama's template takes one call a turn: no such sample
+                if "single tool-call" not in str(exc):
+                    raise
+                continue
+            assert whole.startswith(bare), (label, name)
+            sample, think_open = _after_prompt(whole[len(bare) :], prompt)
+            sample = _cut_at_end(sample, PARSERS[family.parser].stop_texts)
+            calls = [[c["function"]["name"], json.loads(c["function"]["arguments"])] for c in turn.get("tool_calls", [])]
+            base = dict(label=label, family=family.parser, tool_parser=family.tool_parser,
+                        reasoning_parser=_oracle_reasoning(family.reasoning_parser, text),
+                        special_tokens=SPECIAL_TOKENS[family.parser],
+                        think_open=think_open, tools=TOOLS,
+                        # DeepSeek's templates and reasoning parsers take `thinking` (unset: V4's parser assumes it on)
+                        chat_template_kwargs={"thinking": think_open} if "deepseek" in label else {})
+            samples.append(Sample(f"{label}/{name}", **base, finish_reason="stop", text=sample, expected_calls=calls))
+            if name == "parallel" or (name == "one-call" and label in ONE_CALL_A_TURN):  # cut inside its last call
+                cut = sample.rfind("list_dir") + 3 if name == "parallel" else sample.rfind("Paris")
+                samples.append(Sample(f"{label}/cut-by-max-tokens", **base, finish_reason="length", text=sample[:cut],
+                                      expected_calls=calls[:-1]))
+    return samples
+
+
+def _oracle_reasoning(name: str, template: str) -> str:
+    """The reasoning parser vLLM would serve the family with: none for a model that never thinks; MiniMax's
+    `minimax_m2` rather than `minimax_m2_append_think`, which hands the reasoning back inside the content by design."""
+    if "<think>" not in template:
+        return ""
+    return {"minimax_m2_append_think": "minimax_m2"}.get(name, name)
+
+
+def as_json(samples: list[Sample]) -> str:
+    return json.dumps([asdict(s) for s in samples], ensure_ascii=False, sort_keys=True)
+
+
+def corpus_hash(samples: list[Sample], oracle_source: str) -> str:
+    return hashlib.sha256((as_json(samples) + oracle_source).encode()).hexdigest()[:16]
+
+
+def _render(tokenizer: Any, template: str, messages: list[dict], generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(openai_messages(messages), tools=TOOLS, chat_template=template, tokenize=False,
+                                         add_generation_prompt=generation_prompt)
+
+
+def _after_prompt(turn: str, prompt: str) -> tuple[str, bool]:
+    """The rendered turn as sampled after the generation prompt, and whether that prompt left `<think>` open.
+
+    A history turn may write the reasoning markup differently from the generation prompt (GLM-4.7 and
+    DeepSeek write `</think>` alone where the prompt wrote `<think>` or `<think></think>`): what the prompt
+    already wrote is not sampled."""
+    opens = prompt.rfind("<think>") > prompt.rfind("</think>")
+    if turn.startswith(prompt):
+        return turn[len(prompt) :], opens
+    header = prompt[: prompt.find("<think>")] if "<think>" in prompt else prompt.rstrip("\n")
+    assert turn.startswith(header), (turn[:80], prompt)
+    rest, tail = turn[len(header) :], prompt[len(header) :]
+    if not opens and "</think>" in tail and rest.lstrip("\n").startswith("</think>"):
+        rest = rest.lstrip("\n")[len("</think>") :]
+    elif opens and rest.lstrip("\n").startswith("<think>"):
+        rest = rest.lstrip("\n")[len("<think>") :]
+    return rest, opens
+
+
+def _cut_at_end(turn: str, stop_texts: tuple[str, ...]) -> str:
+    ends = [i for s in stop_texts if (i := turn.find(s)) >= 0]
+    return turn[: min(ends)] if ends else turn

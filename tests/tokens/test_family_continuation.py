@@ -1,0 +1,82 @@
+"""Token-faithful continuation on the non-ChatML families' real templates: the ids polar appends after a sampled
+turn are what the template writes for the new messages (a full render ends with them), and the whole prompt equals
+a full re-render wherever the template's own history rules keep earlier turns as they were sampled. GLM's template
+writes no end-of-turn token after an answer (the model stops on the next turn's role token): refused, by reason.
+
+Vocabulary: a stand-in, the Qwen3.5 vocabulary plus each family's real special tokens and end-of-turn token as
+added tokens (GLM, Kimi, MiniMax and DeepSeek-V3.x ship none in a registry package); the templates are the real ones.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from polar.tokens.families import detect
+from polar.tokens.template import ChatTemplate
+from tests.conftest import family_template
+from tests.tokens.parser_corpus import SPECIAL_TOKENS
+from tests.tokens.test_template import SHAPES, TOOLS, shape
+
+# The stop tokens each family's generation config names (what ends a sampled turn).
+END_TOKENS = {"glm45": ["<|user|>", "<|observation|>", "<|endoftext|>"], "minimax_m2": ["[e~["],
+              "deepseek_v31": ["<｜end▁of▁sentence｜>"], "deepseek_dsml": ["<｜end▁of▁sentence｜>"],
+              "deepseek_v4": ["<｜end▁of▁sentence｜>"], "kimi_k2": ["<|im_end|>"], "qwen3_xml": ["<|im_end|>"],
+              "llama3_json": ["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"]}
+CONTINUES = ["deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "kimi-k2", "minimax-m2", "nemotron-3-nano", "llama-3.3"]
+# Where the template's history rules re-render the sampled turn differently once a user message follows
+# (its reasoning is dropped): the token-faithful prompt keeps what was sampled, a re-render would not.
+REWRITES_HISTORY = {("deepseek-v3.2", "user_after_tools"), ("minimax-m2", "user_after_tools"),
+                    ("nemotron-3-nano", "user_after_tools")}
+
+
+@pytest.fixture(scope="module")
+def stand_in(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    made: dict[str, ChatTemplate] = {}
+
+    def get(label: str) -> ChatTemplate:
+        if label not in made:
+            text = family_template(label).read_text()
+            family = detect(text).parser
+            tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+            tok.add_tokens(SPECIAL_TOKENS.get(family, []) + END_TOKENS[family], special_tokens=True)
+            ends = [tok.convert_tokens_to_ids(t) for t in END_TOKENS[family]]
+            made[label] = ChatTemplate(tok, text, eos_token_ids=ends, name=label)
+        return made[label]
+
+    return get
+
+
+# Llama-3.3's template raises on parallel calls (a 400 in chat mode and token-faithful alike): no such turn there.
+CASES = [(label, name) for label in CONTINUES for name in SHAPES if (label, name) != ("llama-3.3", "parallel_tools")]
+
+
+@pytest.mark.parametrize("label,shape_name", CASES)
+def test_continuation_is_what_the_real_template_writes(stand_in, label, shape_name):
+    ct = stand_in(label)
+    before, msg, new = shape(shape_name, True)
+    prompt = ct.render(before, TOOLS, True, True)
+    whole = ct.render([*before, msg], TOOLS, False, True)
+    assert whole.startswith(prompt), "the generation prompt opens the assistant turn as the template renders it"
+    rest = whole[len(prompt) :]
+    sampled = rest[: rest.index(ct.end_of_turn) + len(ct.end_of_turn)]
+    sampled_ids = ct.encode(sampled)
+    assert sampled_ids[-1] == ct.end_of_turn_id
+
+    cont = ct.continuation(new, TOOLS, True, previous_ended_with_eos=True)
+    assert cont.failure is None, cont.failure
+    full = ct.render([*before, msg, *new], TOOLS, True, True)
+    faithful = ct.encode(prompt) + sampled_ids + cont.ids
+    assert ct.decode(faithful) == prompt + sampled + cont.text
+    assert full.endswith(cont.text)  # the new messages as a full render writes them
+    assert (ct.decode(faithful) == full) is ((label, shape_name) not in REWRITES_HISTORY)
+
+
+@pytest.mark.parametrize("label", ["glm-4.6", "glm-4.7"])
+def test_glm_is_refused_with_its_reason(stand_in, label):
+    ct = stand_in(label)
+    before, msg, new = shape("tool_result", True)
+    cont = ct.continuation(new, TOOLS, True, previous_ended_with_eos=True)
+    assert cont.ids == [] and "does not end an assistant turn with a stop token right after its content" in cont.failure
+    assert ct.end_of_turn is None
