@@ -1,8 +1,8 @@
 """How the served model family writes a turn, and how vLLM's parsers read it back.
 
 The double's answers must look like what the model behind the gateway's template would sample,
-or a test on a real template measures the double instead of polar. Two families (the templates in
-../shared/reference/templates and polar/tokens/parsers.py agree on them):
+or a test on a real template measures the double instead of polar. Qwen's two families here (the templates in
+../shared/reference/templates and polar/tokens/parsers.py agree on them), the others in family_writers.py:
 
 - Qwen3 / Qwen2.5 (`qwen3`, vLLM's `hermes` parser): `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`,
   one more "\\n" before each call after content or another call.
