@@ -56,6 +56,11 @@ class ModelFormat:
         return cls(family, "<think>" in template_text)
 
     @property
+    def streams_chat(self) -> bool:
+        """Whether deltas.py can cut this family's streamed chat answers as vLLM's parsers do."""
+        return self.family not in WRITERS
+
+    @property
     def end_of_turn(self) -> str:
         """The stop token the model samples after its turn."""
         return WRITERS[self.family].end_of_turn if self.family in WRITERS else "<|im_end|>"

@@ -230,6 +230,9 @@ class ScriptedVLLM:
             wire.field(body, "messages", list, "list_type", "Input should be a valid list")
             wire.stream_options(body)
             requested = wire.max_tokens(body)
+            if body.get("stream") and not self.format.streams_chat:
+                return wire.error(400, f"the scripted double streams chat deltas as vLLM's Qwen parsers cut them only; "
+                                       f"{self.format.family} answers stream through the token-in endpoints")
             # Validation comes first: a malformed request is refused by vLLM before it reaches the engine.
             if isinstance(fault := await self._maybe_fault(body), Response):
                 return fault

@@ -149,3 +149,28 @@ def fmt_think(fmt: ModelFormat) -> str:
     from polar.doubles.family_writers import WRITERS
 
     return WRITERS[fmt.family].think_open
+
+
+def test_double_answers_a_family_chat_call(tokenizer_dir, tmp_path):
+    """The double's chat endpoint on Kimi-K2's real template: the prompt and the sample in Kimi's own tokens, the
+    answer read by polar's Kimi parser; a streamed chat call is refused by name (deltas.py cuts Qwen's only)."""
+    from starlette.testclient import TestClient
+
+    from polar.doubles.scripted_vllm import ScriptedVLLM
+    from tests.conftest import family_template
+    from tests.support.stand_in import stand_in_dir
+
+    vocab = stand_in_dir(tokenizer_dir, tmp_path / "vocab", "kimi_k2")
+    double = ScriptedVLLM(vocab, chat_template=family_template("kimi-k2"))
+    double.script = type(double.script).from_json({"steps": [STEPS[1].__dict__]})
+    body = {"messages": CONVERSATION, "tools": TOOLS, "return_token_ids": True}
+    with TestClient(double.app) as client:
+        answer = client.post("/v1/chat/completions", json=body).json()
+        refused = client.post("/v1/chat/completions", json={**body, "stream": True})
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Checking both."
+    assert [json.loads(c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [
+        c["arguments"] for c in STEPS[1].tool_calls]
+    assert choice["token_ids"][-1] == double.tokenizer.convert_tokens_to_ids("<|im_end|>") == double.eos_id
+    assert double.tokenizer.decode(choice["token_ids"]).startswith("Checking both.<|tool_calls_section_begin|>")
+    assert refused.status_code == 400 and "kimi_k2 answers stream through the token-in endpoints" in refused.text
