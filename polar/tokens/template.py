@@ -32,6 +32,7 @@ from polar.tokens.shaping import TemplateTraits
 from polar.tokens.tool_json import install, openai_tool
 
 PROBE_USER = "polar probe: a user line"
+_TAIL_IDS = 64  # a prompt's last ids, decoded, hold its generation prompt (or what the template wrote instead)
 PROBE_SENTINEL = "polar-probe-7c1e9a-assistant-turn"
 
 
@@ -255,12 +256,23 @@ class ChatTemplate:
         prompt = self.generation_prompt(enable_thinking)
         return prompt.rfind(THINK_START) > prompt.rfind(THINK_END)
 
-    def parse(self, text: str, *, enable_thinking: bool | None, finish_reason: str, tools: list[Any]) -> ParsedTurn:
-        """Parse a turn sampled after this template's generation prompt."""
+    def prompt_opens_think(self, prompt_ids: Sequence[int], enable_thinking: bool | None = None) -> bool:
+        """Does the sample after these prompt ids start inside a reasoning block? Read off the prompt's own end:
+        a template may close a turn otherwise than with its generation prompt (DeepSeek-V3.1 opens no reasoning
+        after tool output, and the model answers at once)."""
+        prompt = self.generation_prompt(enable_thinking)
+        tail = self.decode(prompt_ids[-_TAIL_IDS:])
+        if len(prompt_ids) == 0 or tail.endswith(prompt):
+            return self.generation_prompt_opens_think(enable_thinking)
+        return tail.rstrip().endswith(THINK_START)  # only the very end counts: earlier text may quote the tag
+
+    def parse(self, text: str, *, enable_thinking: bool | None, finish_reason: str, tools: list[Any],
+              prompt_ids: Sequence[int] = ()) -> ParsedTurn:
+        """Parse a turn sampled after `prompt_ids` (by default: after this template's generation prompt)."""
         return parse_turn(
             text,
             self.family,
-            think_open=self.generation_prompt_opens_think(enable_thinking),
+            think_open=self.prompt_opens_think(prompt_ids, enable_thinking),
             finish_reason=finish_reason,
             tools=tools,
         )

@@ -37,7 +37,7 @@ class TokenStream:
         template = backend.template
         self.eos = set(template.eos_token_ids)
         self.decoder = IncrementalDecoder(template.tokenizer)
-        self.turn = TurnStream(template.family, think_open=template.generation_prompt_opens_think(request.thinking.enabled),
+        self.turn = TurnStream(template.family, think_open=template.prompt_opens_think(prompt_ids, request.thinking.enabled),
                                tools=openai_tools(request.tools), stop_strings=request.sampling.stop)
         self.ids: list[int] = []
         self.logprobs: list[Any] = []

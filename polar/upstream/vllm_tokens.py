@@ -170,7 +170,7 @@ class TokenFaithful:
             if stop_sequence and stop_sequence in text:
                 text = text[: text.index(stop_sequence)]
             parsed = self.template.parse(text, enable_thinking=request.thinking.enabled, finish_reason=finish,
-                                         tools=self._tools(request) or [])
+                                         tools=self._tools(request) or [], prompt_ids=prompt_ids)
         if finish == "length":
             reason = "length"
         elif parsed.tool_calls:
