@@ -33,7 +33,7 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("gpt-oss", "", "gpt-oss (harmony)", "openai", "openai_gptoss", ("<|channel|>", "<|call|>", "<|start|>"),
+    Family("gpt-oss", "harmony", "gpt-oss (harmony)", "openai", "openai_gptoss", ("<|channel|>", "<|call|>", "<|start|>"),
            "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>"),
     Family("deepseek-v3.2", "deepseek_dsml", "DeepSeek-V3.2", "deepseek_v32", "deepseek_v3", ("'｜DSML｜'", "function_calls"),
            "<｜DSML｜function_calls><｜DSML｜invoke name=NAME><｜DSML｜parameter name=K string=…>V…"),

@@ -12,6 +12,7 @@ from typing import Any
 from polar.tokens.families import detect
 from polar.tokens.formats.deepseek import DeepSeekDsmlParser, DeepSeekV4Parser, DeepSeekV31Parser
 from polar.tokens.formats.glm import GlmParser
+from polar.tokens.formats.harmony import HarmonyParser
 from polar.tokens.formats.kimi import KimiK2Parser
 from polar.tokens.formats.llama import Llama3JsonParser
 from polar.tokens.formats.minimax import MiniMaxM2Parser
@@ -36,7 +37,7 @@ PARSERS: dict[str, TurnParser] = {
     "qwen3": Qwen3JsonParser(),
     "qwen3_xml": Qwen3XmlParser(),
     **{p.name: p for p in (GlmParser(), MiniMaxM2Parser(), DeepSeekV31Parser(), DeepSeekDsmlParser(), DeepSeekV4Parser(),
-                           KimiK2Parser(), Llama3JsonParser())},
+                           KimiK2Parser(), Llama3JsonParser(), HarmonyParser())},
     "plain": TurnParser(),
 }
 
