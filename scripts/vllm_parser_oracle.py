@@ -37,6 +37,8 @@ def main() -> None:
     out = []
     for sample in corpus:
         specials = tuple(sample["special_tokens"])
+        if sample["tool_parser"] == "mistral" and "[ARGS]" not in specials and specials not in tokenizers:
+            tokenizers[specials] = _tekken()
         if specials not in tokenizers:
             tok = AutoTokenizer.from_pretrained(opts.tokenizer)
             tok.add_tokens(list(specials), special_tokens=True)
@@ -69,6 +71,21 @@ def main() -> None:
             result["traceback"] = traceback.format_exc(limit=3)
         out.append(result)
     json.dump(out, open(opts.out, "w"), ensure_ascii=False, indent=1)
+
+
+def _tekken() -> object:
+    """The real Mistral vocabulary mistral-common ships (a v3 tekken file: `[TOOL_CALLS]`, no `[ARGS]`, so vLLM's
+    `mistral` parser reads the older `[TOOL_CALLS][{...}]` calls), as vLLM's MistralTokenizer, from no hub."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import mistral_common
+    from vllm.tokenizers.mistral import MistralTokenizer
+
+    folder = Path(tempfile.mkdtemp())
+    shutil.copy(Path(mistral_common.__file__).parent / "data" / "tekken_240911.json", folder / "tekken.json")
+    return MistralTokenizer.from_pretrained(str(folder))
 
 
 def _harmony(text: str, tok: object, request: object, reasoning_parser: str) -> dict:

@@ -60,7 +60,7 @@ FAMILIES: tuple[Family, ...] = (
     # functionary's Llama-based templates write their own calls (`<function=NAME>`, `>>>NAME`).
     Family("llama3-json", "llama3_json", "Llama-3.1, 3.2, 3.3", "llama3_json", "", ("<|start_header_id|>", "<|eot_id|>", "parameters"),
            '{"name": NAME, "parameters": {...}} (or after <|python_tag|>)', ("<function=", ">>>")),
-    Family("mistral", "", "Mistral-Small, Devstral", "mistral", "mistral", ("[TOOL_CALLS]", "[INST]"),
+    Family("mistral", "mistral", "Mistral-Small, Devstral", "mistral", "mistral", ("[TOOL_CALLS]", "[INST]"),
            "[TOOL_CALLS]NAME[ARGS]{json} (older: [TOOL_CALLS][{...}])"),
 )  # fmt: skip
 
@@ -109,8 +109,9 @@ def render_error(template_text: str) -> str | None:
     from transformers.utils.chat_template_utils import render_jinja_template
 
     try:
+        # vLLM renders with the tokenizer's special tokens defined (Mistral-Small-3.2's template writes eos_token)
         render_jinja_template(conversations=[_CHECK_MESSAGES], tools=[_CHECK_TOOL], chat_template=template_text,
-                              add_generation_prompt=False)
+                              add_generation_prompt=False, bos_token="<s>", eos_token="</s>")
     except Exception as exc:  # noqa: BLE001 - a sandbox SecurityError, raise_exception(), undefined attributes
         return f"{type(exc).__name__}: {exc}"
     return None

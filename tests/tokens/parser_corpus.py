@@ -31,7 +31,8 @@ TOOLS = [
 ]  # fmt: skip
 # The labels (tests/conftest.py FAMILY_TEMPLATES) whose template transformers renders, one per family polar parses.
 CORPUS_TEMPLATES = ("qwen3", "qwen3.5", "nemotron-3-nano", "glm-4.6", "glm-4.7", "deepseek-v3.1", "deepseek-v3.2",
-                    "deepseek-v4", "kimi-k2", "minimax-m2", "llama-3.3", "gpt-oss")
+                    "deepseek-v4", "kimi-k2", "minimax-m2", "llama-3.3", "gpt-oss",
+                    "devstral")
 # Each family's special tokens: the stand-in vocabulary vLLM's parsers look up (Qwen3.5's plus these).
 SPECIAL_TOKENS = {
     "glm45": ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<think>",
@@ -46,6 +47,8 @@ SPECIAL_TOKENS = {
     "llama3_json": ["<|python_tag|>", "<|eot_id|>", "<|eom_id|>", "<|start_header_id|>", "<|end_header_id|>"],
     # vLLM reads harmony by its own embedded o200k_harmony vocabulary (openai_harmony), not by this stand-in.
     "harmony": ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>"],
+    # v11+ Mistral tokenizers (Devstral's) carry [ARGS]; no registry package ships one, so this is a stand-in.
+    "mistral": ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "</s>"],
     "qwen3": [], "qwen3_xml": [],
 }  # fmt: skip
 
@@ -73,6 +76,15 @@ TURNS: dict[str, dict[str, Any]] = {
 ONE_CALL_A_TURN = {"llama-3.3", "gpt-oss"}
 # Turns a template refuses to render (gpt-oss's: text and reasoning beside a call): no such sample.
 _REFUSED = ("single tool-call", "Cannot pass both content and thinking")
+# Mistral's older calls (`[TOOL_CALLS][{...}]`, tokenizers before v11): no template in the test bed writes them.
+# The oracle reads them with the real vocabulary, mistral-common's tekken file (no [ARGS] token in it).
+MISTRAL_OLD = {
+    "json-list-parallel": ('Let me look.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}, '
+                           '{"name": "list_dir", "arguments": {}}]',
+                           [["get_weather", {"city": "Oslo", "days": 1}], ["list_dir", {}]]),
+    "json-list-nested": ('[TOOL_CALLS][{"name": "write_file", "arguments": {"path": "日本/ü", "opts": {"d": [1, null]}}}]',
+                         [["write_file", {"path": "日本/ü", "opts": {"d": [1, None]}}]]),
+}
 # Harmony as the model may write it where the template would not: the newer header (recipient after the channel,
 # `<|constrain|>json`), a commentary preamble, two calls in one sample, a final answer with no analysis.
 HARMONY_HOSTILE = {
@@ -122,7 +134,8 @@ def build(templates: dict[str, str], tokenizer: Any) -> list[Sample]:
                 continue
             assert whole.startswith(bare), (label, name)
             sample, think_open = _after_prompt(whole[len(bare) :], prompt)
-            sample = _cut_at_end(sample, PARSERS[family.parser].stop_texts)
+            # (the stand-in vocabulary's own end-of-sequence text ends a turn the template closes with eos_token)
+            sample = _cut_at_end(sample, (*PARSERS[family.parser].stop_texts, tokenizer.eos_token))
             calls = [[c["function"]["name"], json.loads(c["function"]["arguments"])] for c in turn.get("tool_calls", [])]
             if family.parser == "harmony":
                 calls = calls[:1]  # the template renders the first call only
@@ -141,6 +154,9 @@ def build(templates: dict[str, str], tokenizer: Any) -> list[Sample]:
         if family.parser == "harmony":
             samples += [Sample(f"{label}/{name}", **base, finish_reason="stop", text=text_, expected_calls=calls_)
                         for name, (text_, calls_) in HARMONY_HOSTILE.items()]
+        if family.parser == "mistral":
+            samples += [Sample(f"{label}/{name}", **{**base, "special_tokens": ["[TOOL_CALLS]"]}, finish_reason="stop",
+                               text=text_, expected_calls=calls_) for name, (text_, calls_) in MISTRAL_OLD.items()]
     return samples
 
 

@@ -16,19 +16,16 @@ the content and says so in `malformed`. `HarmonyReader` reads the turn in pieces
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
-from polar.canonical import ToolCall
 from polar.tokens.formats.markup import json_arguments
-from polar.tokens.turn_parser import Malformed, ParsedTurn, TurnParser, check_known, new_call_id, tool_schemas
+from polar.tokens.formats.reader import Emit, ReaderParser
+from polar.tokens.turn_parser import Malformed, check_known, tool_schemas
 
 START, MESSAGE = "<|start|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
 _HEADER = re.compile(r"\s*(?:<\|start\|>)?(?:assistant)?(?: to=(?P<r1>[^\s<]+))?<\|channel\|>(?P<channel>\w+)"
                      r"(?: to=(?P<r2>[^\s<]+))?(?: ?(?:<\|constrain\|>)?(?P<type>[\w.-]+))?\s*")  # fmt: skip
 _SNIPPET = 120
-# What the reader hands on: ("reasoning" | "content", text) or ("call", (name, arguments)).
-Emit = Callable[[str, object], None]
 
 
 class HarmonyReader:
@@ -147,28 +144,9 @@ class HarmonyReader:
         self._header = None
 
 
-class HarmonyParser(TurnParser):
+class HarmonyParser(ReaderParser):
     name = "harmony"
     stop_texts = ("<|return|>", "<|call|>", "<|endoftext|>")
 
     def reader(self, tools: list, emit: Emit) -> HarmonyReader:
         return HarmonyReader(tool_schemas(tools), emit)
-
-    def parse(self, text: str, *, think_open: bool, finish_reason: str, tools: list) -> ParsedTurn:
-        turn = ParsedTurn(content="", reasoning=None, truncated=finish_reason == "length")
-        parts: dict[str, list[str]] = {"reasoning": [], "content": []}
-
-        def emit(kind: str, payload: object) -> None:
-            if kind == "call":
-                name, arguments = payload  # type: ignore[misc]
-                turn.tool_calls.append(ToolCall(id=new_call_id(), name=name, arguments=arguments))
-            else:
-                parts[kind].append(payload)  # type: ignore[arg-type]
-
-        reader = self.reader(tools, emit)
-        reader.feed(self._without_stop_text(text))
-        reader.finish(turn.truncated)
-        turn.content = "".join(parts["content"])
-        turn.reasoning = "".join(parts["reasoning"]) if parts["reasoning"] else None
-        turn.malformed = reader.malformed
-        return turn
