@@ -27,6 +27,7 @@ class Family:
     signs: tuple[str, ...]  # all appear in the template text
     calls: str  # what a tool call looks like, for people
     absent: tuple[str, ...] = ()  # none appears (what a look-alike family's template writes)
+    no_continuation: str = ""  # why polar parses the family's output but cannot continue it token-faithfully
 
     def matches(self, template_text: str) -> bool:
         return all(s in template_text for s in self.signs) and not any(s in template_text for s in self.absent)
@@ -34,7 +35,11 @@ class Family:
 
 FAMILIES: tuple[Family, ...] = (
     Family("gpt-oss", "harmony", "gpt-oss (harmony)", "openai", "openai_gptoss", ("<|channel|>", "<|call|>", "<|start|>"),
-           "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>"),
+           "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>",
+           no_continuation="its template writes a tool result as from the calling turn's function "
+           "(`<|start|>functions.NAME to=assistant`), so new messages cannot be rendered on their own, and it rewrites "
+           "sampled turns in history (a final answer's `<|return|>` becomes `<|end|>`, the analysis before it is "
+           "dropped once a later turn follows)"),
     Family("deepseek-v3.2", "deepseek_dsml", "DeepSeek-V3.2", "deepseek_v32", "deepseek_v3", ("'｜DSML｜'", "function_calls"),
            "<｜DSML｜function_calls><｜DSML｜invoke name=NAME><｜DSML｜parameter name=K string=…>V…"),
     Family("deepseek-v4", "deepseek_v4", "DeepSeek-V4", "deepseek_v4", "deepseek_v4", ("'｜DSML｜'", "tool_calls"),
@@ -86,6 +91,9 @@ def token_faithful_problem(template_text: str, label: str = "the chat template")
         return (f"{label} is {family.name} ({family.models}), whose output polar cannot parse yet; token-faithful "
                 f"mode parses: {', '.join(f.name for f in FAMILIES if f.parser)}. Run chat mode (no tokenizer: "
                 f"vLLM's `{family.tool_parser}` parser reads it)")
+    if family.no_continuation:
+        return (f"{label} is {family.name} ({family.models}): polar parses its output but cannot continue it "
+                f"token-faithfully: {family.no_continuation}. Run chat mode (no tokenizer: vLLM renders and parses)")
     error = render_error(template_text)
     if error:
         return (f"{label} is {family.name} ({family.models}), but transformers' renderer (vLLM's too) cannot "

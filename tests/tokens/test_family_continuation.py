@@ -21,8 +21,9 @@ from tests.tokens.test_template import SHAPES, TOOLS, shape
 END_TOKENS = {"glm45": ["<|user|>", "<|observation|>", "<|endoftext|>"], "minimax_m2": ["[e~["],
               "deepseek_v31": ["<｜end▁of▁sentence｜>"], "deepseek_dsml": ["<｜end▁of▁sentence｜>"],
               "deepseek_v4": ["<｜end▁of▁sentence｜>"], "kimi_k2": ["<|im_end|>"], "qwen3_xml": ["<|im_end|>"],
-              "llama3_json": ["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"]}
-CONTINUES = ["deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "kimi-k2", "minimax-m2", "nemotron-3-nano", "llama-3.3"]
+              "llama3_json": ["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"],
+              "mistral": ["</s>"]}
+CONTINUES = ["deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "kimi-k2", "minimax-m2", "nemotron-3-nano", "llama-3.3", "devstral"]
 # Where the template's history rules re-render the sampled turn differently once a user message follows
 # (its reasoning is dropped): the token-faithful prompt keeps what was sampled, a re-render would not.
 REWRITES_HISTORY = {("deepseek-v3.2", "user_after_tools"), ("minimax-m2", "user_after_tools"),
