@@ -15,7 +15,7 @@ real tokenizer, whose script makes every turn think, say a line and call the CLI
                 (use_chat_completions_api: hosted_vllm would otherwise call the upstream's own /v1/responses).
 Every CLI runs its targets in fresh processes (its non-streamed sessions, then its streamed ones), side by
 side: turn buckets (--buckets) run in lock-step — every session of a target takes turn t before any takes t + 1 —
-one target's bucket after another's, so a bucket's CPU (bench_proxy.cpu_seconds of the proxy process and its
+one target's bucket after another's, so a bucket's CPU (benchkit.targets.cpu_seconds of the proxy process and its
 children, between the bucket's ends) is spent only on calls of those turns; one untimed warm-up call per target
 first. Reported per target: proxy CPU ms per call by bucket, p50/p99 latency and added latency vs direct, calls/s,
 with ratios against LiteLLM and direct; and per CLI over both stream modes (they share the processes): the whole
@@ -40,7 +40,6 @@ import shutil
 import signal
 import sqlite3
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import closing
@@ -49,23 +48,34 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from rich import box
-from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import bench_proxy as core  # noqa: E402
 from agent_replay import AUTH, Fixture, Session, api_of  # noqa: E402
-from bench_peers import DEFAULT_LITELLM, start_litellm  # noqa: E402
-from bench_profile import PARTS, Profile, Profiler, growth  # noqa: E402
 from bench_storage import measure, prose, unique_tokens  # noqa: E402
+from benchkit import args as flags  # noqa: E402
+from benchkit.load import percentile, streams_of  # noqa: E402
+from benchkit.profile import PARTS, Profile, Profiler, growth  # noqa: E402
+from benchkit.report import Run as Bench  # noqa: E402
+from benchkit.report import ms  # noqa: E402
+from benchkit.report import table as new_table  # noqa: E402
+from benchkit.targets import (  # noqa: E402
+    DEFAULT_LITELLM,
+    DIRECT_BODY,
+    Service,
+    descendants,
+    start_litellm,
+    start_polar,
+    start_upstream,
+    upstream_url,
+)
 
 from polar.harnesses import get as harness_of  # noqa: E402
 
 TARGETS = ("direct", "polar", "polar-chat", "litellm")
 DEFAULT_CLIS = ("claude_code", "codex", "gemini_cli", "qwen_code")  # one per provider API, and Claude Code
-UPSTREAM_MODEL = core.DIRECT_BODY["model"]
+UPSTREAM_MODEL = DIRECT_BODY["model"]
 # LiteLLM's own route for each format (polar answers the CLI's path as recorded).
 LITELLM_PATHS = {"anthropic": "/v1/messages", "openai_chat": "/v1/chat/completions", "openai_responses": "/v1/responses"}
 
@@ -95,7 +105,7 @@ class Target:
 
     name: str
     base: str  # root URL
-    proxy: core.Service | None
+    proxy: Service | None
     db: Path | None = None  # polar's capture database
 
     def url(self, fixture: Fixture, path: str) -> str:
@@ -118,16 +128,16 @@ def formats_of(target: str, provider: str) -> bool:
     return target != "direct" or provider == "openai_chat"
 
 
-def start_targets(names: Sequence[str], fixture: Fixture, work: Path, upstream: core.Service, args) -> list[Target]:
+def start_targets(names: Sequence[str], fixture: Fixture, work: Path, upstream: Service, args) -> list[Target]:
     targets = []
     for name in names:
         if not formats_of(name, fixture.provider):
             continue
         if name == "direct":
-            targets.append(Target(name, core.upstream_url(upstream), None))
+            targets.append(Target(name, upstream_url(upstream), None))
         elif name in ("polar", "polar-chat"):
             tokenizer = args.tokenizer if name == "polar" else None
-            proxy = core.start_polar(work, upstream, args.sync, tokenizer)
+            proxy = start_polar(work, upstream, args.sync, tokenizer)
             tag = args.sync.lower() + ("-tokens" if tokenizer else "")
             targets.append(Target(name, proxy.health_url.rstrip("/"), proxy, work / f"captures-{tag}.db"))
         else:
@@ -190,7 +200,7 @@ class Run:
         return self.calls / wall if wall else 0.0
 
     def pct(self, q: int) -> float:
-        return core.percentile(self.latencies, q) * 1000
+        return percentile(self.latencies, q) * 1000
 
 
 async def send(client: httpx.AsyncClient, run: Run, session: Session) -> bytes:
@@ -270,7 +280,7 @@ async def play(runs: list[Run], ranges: list[tuple[int, int]], profile: Path | N
 def peak_rss(pid: int) -> int:
     """VmHWM of a process and its live children, in bytes."""
     total = 0
-    for p in [pid, *core._descendants(pid)]:
+    for p in [pid, *descendants(pid)]:
         try:
             status = Path(f"/proc/{p}/status").read_text()
         except OSError:
@@ -298,7 +308,7 @@ def longest_context(db: Path) -> int:
         return conn.execute("SELECT max(prompt_len + completion_len) FROM calls WHERE status = 'ok'").fetchone()[0]
 
 
-def cell(fixture: Fixture, streams: list[bool], args, upstream: core.Service, work: Path, progress) -> list[Run]:
+def cell(fixture: Fixture, streams: list[bool], args, upstream: Service, work: Path, progress) -> list[Run]:
     """Every target for one CLI, in fresh processes: the non-streamed sessions, then the streamed ones."""
     work.mkdir(parents=True, exist_ok=True)
     api = api_of(fixture)
@@ -323,20 +333,20 @@ def cell(fixture: Fixture, streams: list[bool], args, upstream: core.Service, wo
 
 
 def _f(value: float | None, digits: int = 1) -> str:
-    return "–" if value is None or value != value else f"{value:.{digits}f}"
+    return ms(value, digits)
 
 
 def _ratio(a: float | None, b: float | None) -> str:
     return "–" if not a or not b else f"{a / b:.2f}"
 
 
-def table(runs: list[Run], ranges: list[tuple[int, int]], title: str, markdown: bool) -> Table:
+def table(runs: list[Run], ranges: list[tuple[int, int]], title: str) -> Table:
     """One row per CLI, stream mode and target; ratios against LiteLLM and direct in the same CLI and mode."""
-    out = Table(title=title, box=box.MARKDOWN if markdown else box.SIMPLE, title_justify="left")
-    for col in ("CLI", "API", "stream", "target", "calls", "errors", *(f"CPU ms/call t{a}–{b}" for a, b in ranges),
-                "CPU ÷ LiteLLM", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "calls/s", "calls/s ÷ LiteLLM",
-                "calls/s ÷ direct", "DB B/token", "longest context", "peak RSS MB"):
-        out.add_column(col, justify="left" if col in ("CLI", "API", "stream", "target") else "right", no_wrap=True)
+    out = new_table(title, ("CLI", "API", "stream", "target", "calls", "errors",
+                            *(f"CPU ms/call t{a}–{b}" for a, b in ranges), "CPU ÷ LiteLLM", "p50 ms", "p99 ms",
+                            "added p50 ms", "added p99 ms", "calls/s", "calls/s ÷ LiteLLM", "calls/s ÷ direct",
+                            "DB B/token", "longest context", "peak RSS MB"),
+                    left=("CLI", "API", "stream", "target"), no_wrap=True)
     peers = {(r.cli, r.stream, r.target.name): r for r in runs}
     for r in runs:
         lite, direct = peers.get((r.cli, r.stream, "litellm")), peers.get((r.cli, r.stream, "direct"))
@@ -356,7 +366,7 @@ def table(runs: list[Run], ranges: list[tuple[int, int]], title: str, markdown: 
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = flags.parser(__doc__)
     ap.add_argument("--cli", nargs="+", default=list(DEFAULT_CLIS), help="fixtures to replay (data/harness_requests)")
     ap.add_argument("--sessions", type=int, default=16, help="sessions at once per target (16 to 256)")
     ap.add_argument("--turns", type=int, default=120, help="turns per session (~120 reach 100k tokens)")
@@ -369,14 +379,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--stream", choices=["no", "yes", "both"], default="both")
     ap.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
     ap.add_argument("--sync", choices=["FULL", "NORMAL"], default="FULL", help="polar's capture commit mode")
-    ap.add_argument("--tokenizer", default=str(core.DEFAULT_TOKENIZER))
+    flags.tokenizer_arg(ap)
     ap.add_argument("--litellm", default=str(DEFAULT_LITELLM), help="the LiteLLM proxy's `litellm` executable")
     ap.add_argument("--no-litellm", action="store_true")
     ap.add_argument("--dir", type=Path, help="keep databases and logs here (default: a temporary directory)")
     ap.add_argument("--profile", type=Path, metavar="DIR",
                     help="py-spy each polar target over each bucket (collapsed stacks in DIR): what the request's JSON "
                          "decode costs a call, the CPU without it, and the functions that grew most, first to last bucket")
-    ap.add_argument("--markdown", action="store_true")
+    flags.markdown_arg(ap)
     args = ap.parse_args(argv)
     if args.no_litellm:
         args.targets = [t for t in args.targets if t != "litellm"]
@@ -392,31 +402,25 @@ def main(argv: Sequence[str] | None = None) -> list[Run]:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(argv)
-    console, started, load_before = Console(width=400), time.perf_counter(), core.loadavg()
-    fixtures = [Fixture.load(cli) for cli in args.cli]
+    fixtures = [Fixture.load(name) for name in args.cli]
     ranges = bucket_ranges(args.turns, args.buckets)
     runs: list[Run] = []
-    with tempfile.TemporaryDirectory(prefix="polar-bench-agent-") as tmp:
-        work = args.dir or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with Bench("bench_agent.py", argv, width=400, keep=args.dir) as bench:
+        work = bench.work
         (work / "script.json").write_text(json.dumps(script(args.cli, args.turns)))
-        upstream = core.start_upstream(work, args.tokenizer, ["--script", str(work / "script.json"),
-                                                              "--max-model-len", "1048576", "--cache-entries", "64",
-                                                              *(["--segment-cache"] if args.segment_cache else [])])
-        try:
-            for fixture in fixtures:
-                cell_dir = work / fixture.cli
-                runs += cell(fixture, core.streams_of(args.stream), args, upstream, cell_dir,
-                             lambda line: console.print(f"[dim]{line}"))
-                if not args.dir:
-                    shutil.rmtree(cell_dir, ignore_errors=True)  # databases of finished cells: disk, not figures
-        finally:
-            upstream.stop()
+        upstream = bench.start(start_upstream(work, args.tokenizer, ["--script", str(work / "script.json"),
+                                                                     "--max-model-len", "1048576", "--cache-entries",
+                                                                     "64", *(["--segment-cache"] if args.segment_cache
+                                                                             else [])]))
+        for fixture in fixtures:
+            cell_dir = work / fixture.cli
+            runs += cell(fixture, streams_of(args.stream), args, upstream, cell_dir, bench.progress)
+            if not args.dir:
+                shutil.rmtree(cell_dir, ignore_errors=True)  # databases of finished cells: disk, not figures
     title = (f"Real harness traffic: {args.sessions} sessions x {args.turns} turns per target, in lock-step; one process "
              f"per proxy (polar captures synchronous={args.sync}; LiteLLM --num_workers 1); {os.cpu_count()} cores shared")
-    core.print_report(console, table(runs, ranges, title, args.markdown),
-                      [*unsupported(args, fixtures), *(line for r in runs for line in profile_lines(r))], args.markdown,
-                      load_before, started, core.command_line("bench_agent.py", argv))
+    bench.report(table(runs, ranges, title),
+                 [*unsupported(args, fixtures), *(line for r in runs for line in profile_lines(r))], args.markdown)
     return runs
 
 

@@ -15,7 +15,6 @@ prefix-cache hit rate, for polar's routing and for round-robin on the same sessi
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
@@ -27,7 +26,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchkit import args as cli  # noqa: E402
+from benchkit.report import Run, table  # noqa: E402
+from benchkit.targets import REPO  # noqa: E402, F401  (puts the repository on sys.path too)
 
 from polar.canonical import ChatRequest, ChatResult, Message, TextPart, Tool, Usage  # noqa: E402
 from polar.sessions.fingerprints import message_fingerprint  # noqa: E402
@@ -151,7 +153,7 @@ async def run(replicas: int, sessions: int, turns: int, samples: int, round_robi
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--sessions", type=int, default=256)
     parser.add_argument("--turns", type=int, default=6)
@@ -160,27 +162,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--cache-tokens", type=int, default=400_000, help="each replica's prefix cache, tokens")
     parser.add_argument("--imbalance", type=float, default=1.5, help="the bound (polar_fleet_imbalance / 100)")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--markdown", action="store_true", help="the table as docs/benchmarks.md holds it")
+    cli.markdown_arg(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    bench = Run("bench_fleet.py", argv)
     results = [asyncio.run(run(args.replicas, args.sessions, args.turns, args.samples, rr, args.tick,
                                args.cache_tokens, args.imbalance)) for rr in (False, True)]
     if args.json:
         print(json.dumps(results, indent=1))
-    elif args.markdown:
-        print("| routing | replicas | sessions | calls | routing µs/call p50 / p99 | affinity kept | tokens served "
-              "max/mean | sessions per replica | prefix-cache hit rate (modelled) |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for r in results:
-            held = "–" if r["routing"] == "round-robin" else "/".join(str(p["sessions"]) for p in r["per_replica"])
-            print(f"| {r['routing']} | {r['replicas']} | {r['sessions']} | {r['calls']} | {r['routing_us_median']} / "
-                  f"{r['routing_us_p99']} | {r['affinity_kept']:.1%} | {r['served_max_over_mean']} | {held} | "
-                  f"{r['prefix_hit_rate']:.1%} |")
-    else:
-        for r in results:
-            print(f"{r['routing']:>11}: {r['calls']} calls on {r['replicas']} replicas, {r['sessions']} sessions; "
-                  f"routing {r['routing_us_median']} µs/call (p99 {r['routing_us_p99']}), affinity kept "
-                  f"{r['affinity_kept']:.1%}, tokens served max/mean {r['served_max_over_mean']}, prefix-cache hit "
-                  f"rate {r['prefix_hit_rate']:.1%}; placements {r['placements']}")
+        return results
+    out = table(f"Fleet routing: {args.sessions} sessions x {args.turns} turns on {args.replicas} scripted replicas",
+                ("routing", "replicas", "sessions", "calls", "routing µs/call p50 / p99", "affinity kept",
+                 "tokens served max/mean", "sessions per replica", "prefix-cache hit rate (modelled)"),
+                left=("routing", "sessions per replica"))
+    for r in results:
+        held = "–" if r["routing"] == "round-robin" else "/".join(str(p["sessions"]) for p in r["per_replica"])
+        out.add_row(r["routing"], str(r["replicas"]), str(r["sessions"]), str(r["calls"]),
+                    f"{r['routing_us_median']} / {r['routing_us_p99']}", f"{r['affinity_kept']:.1%}",
+                    str(r["served_max_over_mean"]), held, f"{r['prefix_hit_rate']:.1%}")
+    bench.report(out, [f"{r['routing']} placements: {r['placements']}" for r in results], args.markdown)
     return results
 
 

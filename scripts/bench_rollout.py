@@ -15,16 +15,21 @@ the final drain-out, where slots idle waiting for the longest tails.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from polar.rollout.node import GatewayNode, HarnessRun, NodeConfig
-from polar.rollout.simulate import SimulatedPhases, heavy_tailed_run
-from polar.rollout.tasks import SessionSpec, TaskSpec
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchkit import args as cli  # noqa: E402
+from benchkit.report import Run, table  # noqa: E402
+
+from polar.rollout.node import GatewayNode, HarnessRun, NodeConfig  # noqa: E402
+from polar.rollout.simulate import SimulatedPhases, heavy_tailed_run  # noqa: E402
+from polar.rollout.tasks import SessionSpec, TaskSpec  # noqa: E402
 
 
 class Timed(SimulatedPhases):
@@ -93,8 +98,8 @@ def bench(sessions: int = 400, slots: int = 8, init_workers: int = 4, ready: int
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli.parser(__doc__)
     parser.add_argument("--sessions", type=int, default=400)
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--init-workers", type=int, default=4)
@@ -104,18 +109,24 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=0.002, help="wall seconds per simulated second")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
-    a = parser.parse_args()
+    cli.markdown_arg(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parser.parse_args(argv)
+    run = Run("bench_rollout.py", argv)
     out = bench(a.sessions, a.slots, a.init_workers, a.ready, a.postrun_workers, a.run_median,
                 scale=a.scale, seed=a.seed)
     if a.json:
         print(json.dumps(out, indent=2))
-        return
+        return out
+    rows = table(f"Rollout pools: {a.sessions} simulated sessions, {a.slots} RUNNING slots",
+                 ("node", "occupancy steady", "occupancy overall", "sessions/h", "wall s"), left=("node",))
     for name in ("ready_buffer", "sequential"):
         r = out[name]
-        print(f"{name:13s} occupancy {r['occupancy_steady']:6.1%} steady, {r['occupancy_overall']:6.1%} overall"
-              f"   {r['sessions_per_hour']:8.0f} sessions/h   ({r['wall_seconds']:.1f} s wall)")
-    print(f"throughput ratio (READY buffer / sequential): {out['throughput_ratio']:.2f}x;"
-          f" occupancy target 90% {'met' if out['occupancy_target_met'] else 'NOT met'}")
+        rows.add_row(name, f"{r['occupancy_steady']:.1%}", f"{r['occupancy_overall']:.1%}",
+                     f"{r['sessions_per_hour']:.0f}", f"{r['wall_seconds']:.1f}")
+    run.report(rows, [f"throughput ratio (READY buffer / sequential): {out['throughput_ratio']:.2f}x; occupancy "
+                      f"target 90% {'met' if out['occupancy_target_met'] else 'NOT met'}"], a.markdown)
+    return out
 
 
 if __name__ == "__main__":

@@ -25,14 +25,12 @@ every row in order, and each row alone (the longest delta chain bounds the latte
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
 import random
 import sqlite3
 import sys
-import tempfile
 import time
 import zlib
 from contextlib import closing
@@ -40,13 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from rich import box
-from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_proxy import ANTHROPIC_HEADERS, DEFAULT_TOKENIZER, command_line, start_polar, start_upstream  # noqa: E402
+from benchkit import args as cli  # noqa: E402
+from benchkit.report import Run, table  # noqa: E402
+from benchkit.targets import ANTHROPIC_HEADERS, start_polar, start_upstream  # noqa: E402
 
 from polar.capture.bodies import unpack, unpack_json  # noqa: E402
 from polar.capture.dictionaries import Dictionaries  # noqa: E402
@@ -270,49 +268,41 @@ def read_times(path: Path) -> str:
     return f"every row {scan:.2f} s, one row alone at most {worst * 1000:.1f} ms"
 
 
-def report(before: dict[str, int], after: dict[str, int], tokens: int, markdown: bool, command: str) -> None:
-    table = Table(title=f"Capture storage, {tokens:,} unique tokens", box=box.MARKDOWN if markdown else box.SIMPLE)
-    for col in ("", "before: bytes", "B/token", "after: bytes", "B/token"):
-        table.add_column(col, justify="left" if not col else "right")
+def results_table(before: dict[str, int], after: dict[str, int], tokens: int) -> Table:
+    out = table(f"Capture storage, {tokens:,} unique tokens", ("", "before: bytes", "B/token", "after: bytes", "B/token"),
+                left=("",))
     for name in ("whole DB", *STORED_BYTES):
-        table.add_row(name, f"{before[name]:,}", f"{before[name] / tokens:.2f}", f"{after[name]:,}",
-                      f"{after[name] / tokens:.2f}")
-    Console(width=200).print(table)
-    print(f"\n{command}")
+        out.add_row(name, f"{before[name]:,}", f"{before[name] / tokens:.2f}", f"{after[name]:,}",
+                    f"{after[name] / tokens:.2f}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> tuple[dict[str, int], dict[str, int], int]:
     """(before, after, unique tokens)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.parser(__doc__)
     ap.add_argument("--sessions", type=int, default=16)
     ap.add_argument("--turns", type=int, default=30)
     ap.add_argument("--concurrency", type=int, default=0, help="sessions at a time (default: all at once)")
-    ap.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
+    cli.tokenizer_arg(ap)
     ap.add_argument("--dir", type=Path, help="keep the databases and logs here (default: a temporary directory)")
-    ap.add_argument("--markdown", action="store_true")
+    cli.markdown_arg(ap)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        work = args.dir or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with Run("bench_storage.py", argv, width=200, keep=args.dir) as run:
+        work = run.work
         (work / "script.json").write_text(json.dumps(script(args.turns)))
-        upstream = start_upstream(work, args.tokenizer, ["--script", str(work / "script.json"),
-                                                         "--max-model-len", "262144"])
-        try:
-            proxy = start_polar(work, upstream, "NORMAL", args.tokenizer)
-            try:
-                sent = asyncio.run(drive(f"{proxy.health_url}v1/messages", args.sessions, args.turns,
-                                         args.concurrency or args.sessions))
-            finally:
-                proxy.stop()
-        finally:
-            upstream.stop()
+        upstream = run.start(start_upstream(work, args.tokenizer, ["--script", str(work / "script.json"),
+                                                                   "--max-model-len", "262144"]))
+        proxy = run.start(start_polar(work, upstream, "NORMAL", args.tokenizer))
+        sent = asyncio.run(drive(f"{proxy.health_url}v1/messages", args.sessions, args.turns,
+                                 args.concurrency or args.sessions))
+        run.stop()  # the database whole, its writer gone
         db = work / "captures-normal-tokens.db"
         check_bodies(db, sent)
         old_format(db, work / "captures-before.db")
         before, after, tokens = measure(work / "captures-before.db"), measure(db), unique_tokens(db)
         reads = f"reading, before: {read_times(work / 'captures-before.db')}; after: {read_times(db)}"
-    report(before, after, tokens, args.markdown, command_line("bench_storage.py", sys.argv[1:] if argv is None else argv))
-    print(reads)
+    run.report(results_table(before, after, tokens), [reads], args.markdown)
     return before, after, tokens
 
 

@@ -19,29 +19,24 @@ bytes per session — one session per size written the same way (scripts/bench_t
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import math
-import os
-import shlex
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich import box
-from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_tokens as tokens  # noqa: E402  (puts the repository on sys.path too)
-from bench_proxy import loadavg  # noqa: E402
+from benchkit import args as cli  # noqa: E402
+from benchkit.report import Run, table  # noqa: E402
 
 from polar.capture.schema import stored_bytes  # noqa: E402
 from polar.capture.writer import CaptureWriter  # noqa: E402
@@ -148,19 +143,18 @@ def write_rate(session: Session, sync: str, concurrency: int, min_rows: int, wor
 
 
 def rate_table(rates: list[Rate], session: Session) -> Table:
-    table = Table(title=f"Capture store write rate: concurrent sessions of {tokens.size_label(session.size)} "
-                        f"({session.tokens} tokens, {len(session.calls)} calls each), through CaptureWriter")
-    for col in ("sync", "sessions", "rows", "rows/s", "MB/s", "commit p50 ms", "commit p99 ms", "CPU ms/row",
-                "vs 1 session"):
-        table.add_column(col, justify="left" if col == "sync" else "right")
+    out = table(f"Capture store write rate: concurrent sessions of {tokens.size_label(session.size)} "
+                f"({session.tokens} tokens, {len(session.calls)} calls each), through CaptureWriter",
+                ("sync", "sessions", "rows", "rows/s", "MB/s", "commit p50 ms", "commit p99 ms", "CPU ms/row",
+                 "vs 1 session"), left=("sync",))
     single = {r.sync: r for r in rates if r.sessions == 1}
     for r in rates:
         base = single.get(r.sync)
-        table.add_row(r.sync, str(r.sessions), str(r.rows), f"{r.rows / r.wall:.0f}",
-                      f"{r.db_bytes / r.wall / 1e6:.1f}", f"{r.pct(50):.2f}", f"{r.pct(99):.2f}",
-                      f"{r.cpu * 1000 / r.rows:.2f}",
-                      f"{(r.rows / r.wall) / (base.rows / base.wall):.1f}x" if base else "–")
-    return table
+        out.add_row(r.sync, str(r.sessions), str(r.rows), f"{r.rows / r.wall:.0f}",
+                    f"{r.db_bytes / r.wall / 1e6:.1f}", f"{r.pct(50):.2f}", f"{r.pct(99):.2f}",
+                    f"{r.cpu * 1000 / r.rows:.2f}",
+                    f"{(r.rows / r.wall) / (base.rows / base.wall):.1f}x" if base else "–")
+    return out
 
 
 # -- bytes per session ----------------------------------------------------------------------------
@@ -192,25 +186,23 @@ def footprint(session: Session, seed: int, workdir: Path) -> Footprint:
 
 
 def size_table(prints: list[Footprint]) -> Table:
-    table = Table(title="Capture store bytes per session by length (one session in its own database, its calls as "
-                        "the gateway writes them; used = file less free pages; parts are stored bytes, other = row "
-                        "and page overhead)")
-    cols = ["size", "calls", "tokens", "DB file", "free", "used", "used B/token", *prints[0].parts, "other"]
-    for col in cols:
-        table.add_column(col, justify="right")
+    out = table("Capture store bytes per session by length (one session in its own database, its calls as the "
+                "gateway writes them; used = file less free pages; parts are stored bytes, other = row and page "
+                "overhead)", ["size", "calls", "tokens", "DB file", "free", "used", "used B/token", *prints[0].parts,
+                              "other"], left=())
     for f in prints:
         other = f.used_bytes - sum(f.parts.values())
-        table.add_row(tokens.size_label(f.size), str(f.calls), str(f.tokens), f"{f.file_bytes:,}",
-                      f"{f.file_bytes - f.used_bytes:,}", f"{f.used_bytes:,}", f"{f.used_bytes / f.tokens:.1f}",
-                      *(f"{v:,}" for v in f.parts.values()), f"{other:,}")
-    return table
+        out.add_row(tokens.size_label(f.size), str(f.calls), str(f.tokens), f"{f.file_bytes:,}",
+                    f"{f.file_bytes - f.used_bytes:,}", f"{f.used_bytes:,}", f"{f.used_bytes / f.tokens:.1f}",
+                    *(f"{v:,}" for v in f.parts.values()), f"{other:,}")
+    return out
 
 
 # -- command line -----------------------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> tuple[list[Rate], list[Footprint]]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.parser(__doc__)
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 256], help="concurrent sessions per row")
     ap.add_argument("--sync", choices=["FULL", "NORMAL"], nargs="+", default=["FULL", "NORMAL"],
                     help="capture commit modes (polar_db_sync)")
@@ -221,24 +213,23 @@ def main(argv: Sequence[str] | None = None) -> tuple[list[Rate], list[Footprint]
                     default=[tokens.parse_size(s) for s in tokens.DEFAULT_SIZES],
                     help="session lengths for the bytes-per-session table (none: skip it)")
     ap.add_argument("--turns", type=int, help="calls per session (default: 6 to 60, growing with the size)")
-    ap.add_argument("--tokenizer", default=str(tokens.CACHE / "models" / "qwen35-tiny"), help="tokenizer dir")
+    cli.tokenizer_arg(ap, help="tokenizer dir")
     ap.add_argument("--dir", help="where the databases go (default: the temporary directory; its disk decides "
                                   "what an fsync costs)")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--markdown", action="store_true", help="draw the tables as Markdown (for docs/benchmarks.md)")
+    cli.markdown_arg(ap, "tables")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     if min(args.sessions) < 1 or args.rows < 1:
         ap.error("--sessions and --rows must be at least 1")
     if args.turns is not None and args.turns < 2:
         ap.error("--turns must be at least 2")
-    if not (Path(args.tokenizer) / "tokenizer.json").exists():
-        ap.error(f"no tokenizer at {args.tokenizer} (build one: scripts/build_tiny_model.py --tokenizer-only)")
+    cli.check_tokenizer(ap, args.tokenizer)
     if args.dir and not Path(args.dir).is_dir():
         ap.error(f"--dir {args.dir} is not a directory")
 
-    console = Console(width=240)
-    started, load_before = time.perf_counter(), loadavg()
+    run = Run("bench_store.py", argv, dir=args.dir)
+    console, started = run.console, run.started
     synth = tokens.SessionSynth(ChatTemplate.from_dir(args.tokenizer), thinking=True, seed=args.seed)
     sessions: dict[int, Session] = {}
 
@@ -249,25 +240,17 @@ def main(argv: Sequence[str] | None = None) -> tuple[list[Rate], list[Footprint]
                           "[/dim]")
         return sessions[size]
 
-    with tempfile.TemporaryDirectory(prefix="polar-bench-store-", dir=args.dir) as tmp:
+    with run:
         rated = session_of(args.session_size)
         rates = []
         for concurrency in args.sessions:
             for sync in args.sync:  # side by side, so a load spike hits both modes alike
-                rates.append(write_rate(rated, sync, concurrency, args.rows, Path(tmp)))
+                rates.append(write_rate(rated, sync, concurrency, args.rows, run.work))
                 r = rates[-1]
-                console.print(f"[dim]{sync:<6} {concurrency:>3} sessions: {r.rows / r.wall:7.0f} rows/s[/dim]")
-        prints = [footprint(session_of(size), args.seed, Path(tmp)) for size in args.sizes]
-        where = tmp
-    tables = [rate_table(rates, rated), *([size_table(prints)] if prints else [])]
-    for table in tables:
-        if args.markdown:
-            table.box, table.title_justify = box.MARKDOWN, "left"
-        console.print(table)
-    console.print(f"command: {shlex.join(['python', 'scripts/bench_store.py', *argv])}")
-    console.print(f"databases in {Path(where).parent} (its disk decides what an fsync costs); "
-                  f"load average (1/5/15 min) before: {load_before}; after: {loadavg()}; "
-                  f"{os.cpu_count()} cores shared; {time.perf_counter() - started:.0f} s in all")
+                run.progress(f"{sync:<6} {concurrency:>3} sessions: {r.rows / r.wall:7.0f} rows/s")
+        prints = [footprint(session_of(size), args.seed, run.work) for size in args.sizes]
+    run.report([rate_table(rates, rated), *([size_table(prints)] if prints else [])],
+               [f"databases in {run.work.parent} (its disk decides what an fsync costs)"], args.markdown)
     return rates, prints
 
 

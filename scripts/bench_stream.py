@@ -48,7 +48,6 @@ import os
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,21 +56,30 @@ from typing import Any
 
 import aiohttp
 import httpx
-from rich import box
-from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_peers as peers  # noqa: E402
-import bench_proxy as core  # noqa: E402  (the measurement core)
+from benchkit import args as cli  # noqa: E402
+from benchkit.load import cell_requests, percentile  # noqa: E402
+from benchkit.report import Run, as_markdown, ms, table  # noqa: E402
+from benchkit.targets import (  # noqa: E402
+    ANTHROPIC_BODY,
+    ANTHROPIC_HEADERS,
+    DEFAULT_LITELLM,
+    Service,
+    start_litellm,
+    start_polar,
+    start_upstream,
+    upstream_stats,
+    upstream_url,
+)
 
 CHAT, GENERATE, ANTHROPIC = "chat", "generate", "anthropic"  # what a target's stream looks like
 # Thinking off: the prompt closes the think block, so every sampled token (but the stop id) is answer text.
-ANTHROPIC_STREAM = {**core.ANTHROPIC_BODY, "max_tokens": 4096, "stream": True, "thinking": {"type": "disabled"}}
+ANTHROPIC_STREAM = {**ANTHROPIC_BODY, "max_tokens": 4096, "stream": True, "thinking": {"type": "disabled"}}
 # LiteLLM maps "thinking disabled" to `reasoning_effort: none`, which Qwen's chat templates ignore (the model
 # would think first, a different and longer answer): it also sends what polar sends for it.
 LITELLM_EXTRA = {"chat_template_kwargs": {"enable_thinking": False}}
-TOKENIZER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 @dataclass
@@ -81,7 +89,7 @@ class StreamTarget:
     url: str
     body: dict[str, Any]
     headers: dict[str, str]
-    proxy: core.Service | None = None
+    proxy: Service | None = None
     baseline: str | None = None  # the direct target whose stream this one translates
 
     def warm_body(self) -> dict[str, Any]:
@@ -175,7 +183,7 @@ class Cell:
         return None if seconds is None or not self.calls else seconds * 1000 / len(self.calls)
 
 
-async def run_block(cell: Cell, upstream: core.Service, n: int) -> None:
+async def run_block(cell: Cell, upstream: Service, n: int) -> None:
     """`n` streamed calls from `cell.clients` concurrent clients, one keep-alive connection each."""
     target, clients = cell.target, cell.clients
     connector = aiohttp.TCPConnector(limit=clients)
@@ -214,11 +222,11 @@ def split(n: int, parts: int) -> list[int]:
     return [n // parts + (i < n % parts) for i in range(parts)]
 
 
-async def run_matrix(targets: list[StreamTarget], upstream: core.Service, concurrency: list[int], requests: int,
+async def run_matrix(targets: list[StreamTarget], upstream: Service, concurrency: list[int], requests: int,
                      rounds: int, progress: Callable[[str], None]) -> list[Cell]:
     cells = {(t.name, c): Cell(t, c) for c in concurrency for t in targets}
     for clients in concurrency:
-        blocks = split(core.cell_requests(requests, clients), rounds)
+        blocks = split(cell_requests(requests, clients), rounds)
         for r, n in enumerate(blocks):
             for target in targets[r % len(targets):] + targets[:r % len(targets)]:  # a different one goes first
                 cell = cells[(target.name, clients)]
@@ -226,8 +234,8 @@ async def run_matrix(targets: list[StreamTarget], upstream: core.Service, concur
                 await run_block(cell, upstream, n)
                 new = cell.calls[done:]
                 progress(f"{clients:>3} clients  round {r + 1}/{len(blocks)}  {target.name:<21} {len(new):>4} calls  "
-                         f"TTFT p50 {core.percentile([c.ttft for c in new], 50) * 1000:8.2f} ms  "
-                         f"stream p50 {core.percentile([c.total for c in new], 50) * 1000:8.1f} ms  "
+                         f"TTFT p50 {percentile([c.ttft for c in new], 50) * 1000:8.2f} ms  "
+                         f"stream p50 {percentile([c.total for c in new], 50) * 1000:8.1f} ms  "
                          f"errors {len(cell.errors) - errors}")
     return list(cells.values())
 
@@ -294,7 +302,7 @@ class Figures:
 
 
 def p50_p99(values: Sequence[float]) -> tuple[float, float]:
-    return core.percentile(values, 50) * 1000, core.percentile(values, 99) * 1000
+    return percentile(values, 50) * 1000, percentile(values, 99) * 1000
 
 
 def figures(cells: list[Cell], text_ends: TextEnds) -> list[Figures]:
@@ -316,10 +324,6 @@ def figures(cells: list[Cell], text_ends: TextEnds) -> list[Figures]:
     return list(rows.values())
 
 
-def _ms(value: float | None, digits: int = 2) -> str:
-    return "–" if value is None or value != value else f"{value:.{digits}f}"
-
-
 def _ratio(a: float | None, b: float | None) -> str:
     return "–" if a is None or not b else f"{a / b:.2f}"
 
@@ -334,9 +338,7 @@ COLUMNS = ("clients", "target", "vs", "calls", "errors", "tokens", "chunks", "TT
 
 
 def results_table(rows: list[Figures], title: str) -> Table:
-    table = Table(title=title)
-    for col in COLUMNS:
-        table.add_column(col, justify="left" if col in ("target", "vs") else "right", no_wrap=True)
+    out = table(title, COLUMNS, left=("target", "vs"), no_wrap=True)
     by = {(r.cell.target.name, r.cell.clients): r for r in rows}
     for r in rows:
         cell = r.cell
@@ -344,16 +346,16 @@ def results_table(rows: list[Figures], title: str) -> Table:
         peer = by.get(("litellm", cell.clients))
         cpu = cell.cpu_ms(cell.proxy_cpu)
         peer_cpu = peer.cell.cpu_ms(peer.cell.proxy_cpu) if peer and cell.target.name != "litellm" else None
-        table.add_row(
+        out.add_row(
             str(cell.clients), cell.target.name, cell.target.baseline or "–", str(len(cell.calls) + len(cell.errors)),
-            str(len(cell.errors)), _counts(r.tokens), _counts(r.chunks), _ms(r.ttft[0]), _ms(r.ttft[1]),
-            _ms(r.ttft_added and r.ttft_added[0]), _ms(r.ttft_added and r.ttft_added[1]),
+            str(len(cell.errors)), _counts(r.tokens), _counts(r.chunks), ms(r.ttft[0]), ms(r.ttft[1]),
+            ms(r.ttft_added and r.ttft_added[0]), ms(r.ttft_added and r.ttft_added[1]),
             _ratio(r.ttft[0], base.ttft[0]) if base else "–",
-            _ms(r.chunk_added and r.chunk_added[0]), _ms(r.chunk_added and r.chunk_added[1]),
-            _ms(r.total[0], 1), _ratio(r.total[0], base.total[0]) if base else "–",
-            _ms(cpu), _ratio(cpu, peer_cpu) if peer_cpu is not None else "–", _ms(cell.cpu_ms(cell.upstream_cpu)),
+            ms(r.chunk_added and r.chunk_added[0]), ms(r.chunk_added and r.chunk_added[1]),
+            ms(r.total[0], 1), _ratio(r.total[0], base.total[0]) if base else "–",
+            ms(cpu), _ratio(cpu, peer_cpu) if peer_cpu is not None else "–", ms(cell.cpu_ms(cell.upstream_cpu)),
         )
-    return table
+    return out
 
 
 def target_line(rows: list[Figures]) -> str:
@@ -432,11 +434,11 @@ def tokens_of(target: StreamTarget, call: Call, baseline: Baseline) -> list[tupl
     return [(min(bisect.bisect_left(baseline.ends, size), last), t) for size, t in call.marks]
 
 
-def splits(cells: list[Cell], upstream: core.Service, text_ends: TextEnds, first_s: float,
+def splits(cells: list[Cell], upstream: Service, text_ends: TextEnds, first_s: float,
            token_s: float) -> list[Split]:
     """Each one-client call lined up with the upstream's stream log (and polar's capture row) by wall clock."""
     log = sorted((arrival, first) for _, arrival, first in
-                 httpx.get(f"{core.upstream_url(upstream)}/_bench/streams", timeout=30).json())
+                 httpx.get(f"{upstream_url(upstream)}/_bench/streams", timeout=30).json())
     arrivals = [a for a, _ in log]
     ones = {c.target.name: c for c in cells if c.clients == 1}
     out = []
@@ -472,23 +474,22 @@ SPLIT_COLUMNS = ("target", "calls", "client → upstream", "upstream's 1st token
 
 
 def split_table(rows: list[Split]) -> Table:
-    table = Table(title="Where the time to first token goes at 1 client (medians, ms; the upstream's own 1st-token "
-                        "delay left out; · = inside polar, from its capture's t_start/t_first)")
-    for col in SPLIT_COLUMNS:
-        table.add_column(col, justify="left" if col == "target" else "right", no_wrap=True)
+    out = table("Where the time to first token goes at 1 client (medians, ms; the upstream's own 1st-token delay "
+                "left out; · = inside polar, from its capture's t_start/t_first)", SPLIT_COLUMNS, left=("target",),
+                no_wrap=True)
     for r in rows:
-        inner = [_ms(v) for v in r.polar] if r.polar else ["–"] * 4
-        lag = [_ms(v) for v in r.per_chunk] if r.per_chunk else ["–"] * 2
-        table.add_row(r.target, str(r.calls), _ms(r.to_upstream), _ms(r.from_upstream), *inner, *lag)
-    return table
+        inner = [ms(v) for v in r.polar] if r.polar else ["–"] * 4
+        lag = [ms(v) for v in r.per_chunk] if r.per_chunk else ["–"] * 2
+        out.add_row(r.target, str(r.calls), ms(r.to_upstream), ms(r.from_upstream), *inner, *lag)
+    return out
 
 
 # -- set-up ---------------------------------------------------------------------------------------
 
 
-def anthropic_target(name: str, proxy: core.Service, base_url: str, baseline: str) -> StreamTarget:
+def anthropic_target(name: str, proxy: Service, base_url: str, baseline: str) -> StreamTarget:
     return StreamTarget(name, ANTHROPIC, f"{base_url.rstrip('/')}/v1/messages", ANTHROPIC_STREAM,
-                        core.ANTHROPIC_HEADERS, proxy, baseline)
+                        ANTHROPIC_HEADERS, proxy, baseline)
 
 
 async def first_call(target: StreamTarget) -> Call:
@@ -499,26 +500,26 @@ async def first_call(target: StreamTarget) -> Call:
             raise RuntimeError(f"{target.name}: {type(exc).__name__}: {exc}") from None
 
 
-def last_body(upstream: core.Service, path: str) -> dict[str, Any]:
-    return httpx.get(f"{core.upstream_url(upstream)}/_bench/stats", timeout=10).json()["last"][path]
+def last_body(upstream: Service, path: str) -> dict[str, Any]:
+    return httpx.get(f"{upstream_url(upstream)}/_bench/stats", timeout=10).json()["last"][path]
 
 
-def start_targets(work: Path, args: argparse.Namespace, services: list[core.Service]) -> tuple[list[StreamTarget],
-                                                                                              core.Service]:
+def start_targets(work: Path, args: argparse.Namespace, services: list[Service]) -> tuple[list[StreamTarget],
+                                                                                              Service]:
     """Every process up, every target answered once, all with the same answer."""
     pace = ["--token-delay-ms", str(args.token_delay_ms), "--first-token-delay-ms", str(args.first_token_delay_ms),
             "--answer-tokens", str(args.answer_tokens)]
-    upstream = core.start_upstream(work, args.tokenizer, pace)
+    upstream = start_upstream(work, args.tokenizer, pace)
     services.append(upstream)
-    url = core.upstream_url(upstream)
-    polar_chat = core.start_polar(work, upstream, args.sync)
+    url = upstream_url(upstream)
+    polar_chat = start_polar(work, upstream, args.sync)
     services.append(polar_chat)
-    polar_tokens = core.start_polar(work, upstream, args.sync, tokenizer=args.tokenizer)
+    polar_tokens = start_polar(work, upstream, args.sync, tokenizer=args.tokenizer)
     services.append(polar_tokens)
     proxied = [anthropic_target("polar chat", polar_chat, polar_chat.health_url, "direct chat"),
                anthropic_target("polar token-faithful", polar_tokens, polar_tokens.health_url, "direct generate")]
     if not args.no_litellm:
-        litellm = peers.start_litellm(work, upstream, Path(args.litellm), extra_body=LITELLM_EXTRA)
+        litellm = start_litellm(work, upstream, Path(args.litellm), extra_body=LITELLM_EXTRA)
         services.append(litellm)
         proxied.append(anthropic_target("litellm", litellm, litellm.health_url.removesuffix("/health/liveliness"),
                                         "direct chat"))
@@ -547,7 +548,7 @@ def check_answers(first: dict[str, Call], text_ends: TextEnds) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> list[Figures]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.parser(__doc__)
     ap.add_argument("--requests", type=int, default=200,
                     help="timed streamed calls per target and concurrency (at least 4 per client are always sent)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], help="concurrent clients")
@@ -557,45 +558,36 @@ def main(argv: Sequence[str] | None = None) -> list[Figures]:
     ap.add_argument("--first-token-delay-ms", type=float, default=20.0,
                     help="ms before the first token (queue + prefill; the stream's headers wait too)")
     ap.add_argument("--sync", choices=["FULL", "NORMAL"], default="FULL", help="polar's capture commit mode")
-    ap.add_argument("--tokenizer", default=str(core.DEFAULT_TOKENIZER),
-                    help="tokenizer dir: the scripted double's, and polar token-faithful's")
-    ap.add_argument("--litellm", default=str(peers.DEFAULT_LITELLM), help="the LiteLLM proxy's `litellm` executable")
+    cli.tokenizer_arg(ap, help="tokenizer dir: the scripted double's, and polar token-faithful's")
+    ap.add_argument("--litellm", default=str(DEFAULT_LITELLM), help="the LiteLLM proxy's `litellm` executable")
     ap.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
-    ap.add_argument("--markdown", action="store_true", help="draw the table as Markdown (for docs/benchmarks.md)")
+    cli.markdown_arg(ap)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
-    core.check_args(ap, args)
+    cli.check_args(ap, args)
     if args.rounds < 1 or args.answer_tokens < 2 or args.token_delay_ms < 0 or args.first_token_delay_ms < 0:
         ap.error("--rounds must be at least 1, --answer-tokens at least 2, the delays not negative")
     if not args.no_litellm and not os.access(args.litellm, os.X_OK):
         ap.error(f"no LiteLLM proxy at {args.litellm}: run scripts/setup_litellm.sh (or pass --no-litellm)")
 
-    console, started, load_before = Console(width=400), time.perf_counter(), core.loadavg()
-    services: list[core.Service] = []
-    with tempfile.TemporaryDirectory(prefix="polar-bench-stream-") as tmp:
-        try:
-            targets, upstream = start_targets(Path(tmp), args, services)
-            cells = asyncio.run(run_matrix(targets, upstream, args.concurrency, args.requests, args.rounds,
-                                           lambda line: console.print(f"[dim]{line}[/dim]")))
-            stats = core.upstream_stats(upstream)
-            where = splits(cells, upstream, TextEnds(args.tokenizer), args.first_token_delay_ms / 1000,
-                           args.token_delay_ms / 1000)
-        finally:
-            for service in reversed(services):
-                service.stop()
+    with Run("bench_stream.py", argv, width=400) as run:
+        targets, upstream = start_targets(run.work, args, run.services)
+        cells = asyncio.run(run_matrix(targets, upstream, args.concurrency, args.requests, args.rounds, run.progress))
+        stats = upstream_stats(upstream)
+        where = splits(cells, upstream, TextEnds(args.tokenizer), args.first_token_delay_ms / 1000,
+                       args.token_delay_ms / 1000)
     rows = figures(cells, TextEnds(args.tokenizer))
     title = (f"Streaming: polar{'' if args.no_litellm else ' and LiteLLM'} vs direct upstream (paced: first token after "
              f"{args.first_token_delay_ms:g} ms, then one every {args.token_delay_ms:g} ms; 1 process each, polar "
              f"captures synchronous={args.sync}; {os.cpu_count()} cores shared by client, proxies and upstream)")
     lines = [target_line(rows), *same_answer_lines(rows), client_line(cells), stats]
-    core.print_report(console, results_table(rows, title), lines, args.markdown, load_before, started,
-                      core.command_line("bench_stream.py", argv))
+    run.report(results_table(rows, title), lines, args.markdown)
     if where:
-        table = split_table(where)
+        split_out = split_table(where)
         if args.markdown:
-            table.box, table.title_justify = box.MARKDOWN, "left"
-        console.print()
-        console.print(table)
+            as_markdown([split_out])
+        run.console.print()
+        run.console.print(split_out)
     return rows
 
 

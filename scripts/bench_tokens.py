@@ -30,7 +30,6 @@ import random
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,12 +37,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from rich import box
-from rich.console import Console
 from rich.table import Table
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchkit import args as cli  # noqa: E402
+from benchkit.report import Run, table  # noqa: E402
+from benchkit.targets import REPO  # noqa: E402, F401  (puts the repository on sys.path too)
+
 from polar.canonical import ChatRequest, ChatResult, Message, Reasoning, TextPart, ToolCall, Usage  # noqa: E402
 from polar.capture.reader import CaptureReader
 from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages  # noqa: E402
@@ -58,7 +58,6 @@ from polar.tokens.messages import to_openai_messages  # noqa: E402
 from polar.trajectories import per_request, prefix_merge  # noqa: E402
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers loads: no max-length warnings
-CACHE = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))
 DEFAULT_SIZES = ["1k", "4k", "16k", "64k", "128k"]
 MODEL = "polar-tiny"
 
@@ -494,19 +493,18 @@ def ms(values: Sequence[float]) -> tuple[str, str]:
 
 
 def prompt_table(results: list[Measured], repeat: int) -> Table:
-    table = Table(title="Prompt building per turn after the first: token-faithful vs full re-render "
-                        f"(ms, best of {repeat} per step)")
-    for col in ("size", "calls", "tokens", "new tok/turn", "re-render mean", "re-render p50", "faithful mean",
-                "faithful p50", "· template", "· buffers", "· id copy", "speedup", "faithful slower",
-                "prefix kept", "same ids"):
-        table.add_column(col, justify="right")
+    out = table("Prompt building per turn after the first: token-faithful vs full re-render "
+                f"(ms, best of {repeat} per step)",
+                ("size", "calls", "tokens", "new tok/turn", "re-render mean", "re-render p50", "faithful mean",
+                 "faithful p50", "· template", "· buffers", "· id copy", "speedup", "faithful slower",
+                 "prefix kept", "same ids"), left=())
     for r in results:
         timed = r.built[1:]
         if not timed:
             continue
         rr, tf = [b.rerender_s for b in timed], [b.faithful_s for b in timed]
         n = len(timed)
-        table.add_row(
+        out.add_row(
             size_label(r.size), str(r.calls), str(r.tokens), f"{statistics.fmean(b.new_tokens for b in timed):.0f}",
             *ms(rr), *ms(tf),
             *(ms([getattr(b, step) for b in timed])[0] for step in ("template_s", "buffers_s", "copy_s")),
@@ -515,75 +513,69 @@ def prompt_table(results: list[Measured], repeat: int) -> Table:
             f"{sum(b.mode == 'token-faithful' for b in timed)}/{n}",
             f"{sum(bool(b.identical) for b in timed)}/{n}",
         )
-    return table
+    return out
 
 
 def storage_table(results: list[Measured]) -> Table:
-    table = Table(title="Capture storage per session (bytes; B/tok = per token of the final conversation)")
-    for col in ("size", "tokens", "token cols", "B/tok", "full prompts", "B/tok", "full / linear",
-                "DB file", "DB B/tok", "bodies+canonical", "of DB"):
-        table.add_column(col, justify="right")
+    out = table("Capture storage per session (bytes; B/tok = per token of the final conversation)",
+                ("size", "tokens", "token cols", "B/tok", "full prompts", "B/tok", "full / linear", "DB file",
+                 "DB B/tok", "bodies+canonical", "of DB"), left=())
     for r in results:
         s, n = r.stored, r.tokens
-        table.add_row(size_label(r.size), str(n), f"{s.token_bytes:,}", f"{s.token_bytes / n:.1f}",
+        out.add_row(size_label(r.size), str(n), f"{s.token_bytes:,}", f"{s.token_bytes / n:.1f}",
                       f"{s.full_bytes:,}", f"{s.full_bytes / n:.1f}", f"{s.full_bytes / s.token_bytes:.1f}x",
                       f"{s.file_bytes:,}", f"{s.file_bytes / n:.1f}", f"{s.text_bytes:,}",
                       f"{s.text_bytes / s.file_bytes:.0%}")
-    return table
+    return out
 
 
 def trajectory_table(results: list[Measured]) -> Table:
-    table = Table(title="Trajectories per session: per-request (baseline) vs prefix-merge")
-    for col in ("size", "calls", "builder", "trajectories", "rows / call", "trainer tokens", "vs per-request",
-                "trainable tokens", "broken", "build ms"):
-        table.add_column(col, justify="right")
+    out = table("Trajectories per session: per-request (baseline) vs prefix-merge",
+                ("size", "calls", "builder", "trajectories", "rows / call", "trainer tokens", "vs per-request",
+                 "trainable tokens", "broken", "build ms"), left=())
     for r in results:
         base = r.builds["per-request"]["tokens"]
         for name, b in r.builds.items():
-            table.add_row(size_label(r.size), str(r.calls), name, str(b["trajectories"]),
+            out.add_row(size_label(r.size), str(r.calls), name, str(b["trajectories"]),
                           f"{b['trajectories'] / r.calls:.3f}", f"{b['tokens']:,}", f"{b['tokens'] / base:.3f}",
                           f"{b['trainable']:,}", str(b["broken"]), f"{b['seconds'] * 1000:.0f}")
-    return table
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> list[Measured]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.parser(__doc__)
     ap.add_argument("--sizes", type=parse_size, nargs="+", default=[parse_size(s) for s in DEFAULT_SIZES],
                     help="target session sizes in tokens (1k = 1024)")
     ap.add_argument("--turns", type=int, help="calls per session (default: 6 to 60, growing with the size)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="timings of each step per turn; the best is kept")
-    ap.add_argument("--tokenizer", default=str(CACHE / "models" / "qwen35-tiny"), help="a Hugging Face tokenizer dir")
+    cli.tokenizer_arg(ap, help="a Hugging Face tokenizer dir")
     ap.add_argument("--chat-template", help="a Jinja chat template file (default: the tokenizer's own)")
     ap.add_argument("--no-thinking", action="store_true", help="sessions without reasoning blocks")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--markdown", action="store_true", help="draw the tables as Markdown (for docs/benchmarks.md)")
+    cli.markdown_arg(ap, "tables")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     if args.turns is not None and args.turns < 2:
         ap.error("--turns must be at least 2 (the first call has no earlier turn to continue)")
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
-    if not (Path(args.tokenizer) / "tokenizer.json").exists():
-        ap.error(f"no tokenizer at {args.tokenizer} (build one: scripts/build_tiny_model.py --tokenizer-only)")
+    cli.check_tokenizer(ap, args.tokenizer)
 
-    console = Console()
-    started = time.perf_counter()
+    run = Run("bench_tokens.py", argv, width=None)
+    started = run.started
     template = ChatTemplate.from_dir(args.tokenizer, args.chat_template)
     synth = SessionSynth(template, thinking=not args.no_thinking, seed=args.seed)
     template.continuation([{"role": "user", "content": "warm"}], None, synth.thinking, previous_ended_with_eos=True)
     results = []
-    with tempfile.TemporaryDirectory(prefix="polar-bench-tokens-") as tmp:
+    with run:
         for size in args.sizes:
             turns = args.turns or auto_turns(size)
-            results.append(measure(synth, size, turns, args.repeat, Path(tmp)))
-            console.print(f"[dim]{size_label(size)}: {turns} calls done at {time.perf_counter() - started:.0f} s[/dim]")
-    console.print(f"tokenizer {args.tokenizer}, template {args.chat_template or 'the tokenizer’s own'}, "
-                  f"thinking {'on' if synth.thinking else 'off'}, "
-                  f"{os.cpu_count()} cores shared, {time.perf_counter() - started:.0f} s in all")
-    for table in (prompt_table(results, args.repeat), storage_table(results), trajectory_table(results)):
-        if args.markdown:
-            table.box, table.title_justify = box.MARKDOWN, "left"
-        console.print(table)
+            results.append(measure(synth, size, turns, args.repeat, run.work))
+            run.progress(f"{size_label(size)}: {turns} calls done at {time.perf_counter() - started:.0f} s")
+    run.report([prompt_table(results, args.repeat), storage_table(results), trajectory_table(results)],
+               [f"tokenizer {args.tokenizer}, template {args.chat_template or 'the tokenizer’s own'}, "
+                f"thinking {'on' if synth.thinking else 'off'}"], args.markdown)
     return results
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: polar's upstream client (polar/upstream/h1.py) against aiohttp's, the one it replaced.
 
-One process sends the small chat call polar sends upstream (bench_proxy's DIRECT_BODY) to the scripted
+One process sends the small chat call polar sends upstream (benchkit.targets.DIRECT_BODY) to the scripted
 upstream (scripts/bench_upstream.py), one call at a time over one keep-alive connection, with each client
 in turn for --rounds rounds of --requests calls; reported per client: this process's CPU per call (user +
 system, /proc) and the wall time per call, medians over the rounds, and the ratio to aiohttp's. The
@@ -12,23 +12,20 @@ upstream's own time is in the wall figure and the same for both.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import orjson
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_proxy as core  # noqa: E402
+from benchkit import args as cli  # noqa: E402
+from benchkit.report import Run, table  # noqa: E402
+from benchkit.targets import DIRECT_BODY, start_upstream, upstream_url  # noqa: E402
 
 from polar.upstream.h1 import Pool  # noqa: E402
 
@@ -78,34 +75,27 @@ CLIENTS = {"polar h1": with_h1, "aiohttp": with_aiohttp}
 
 
 def main(argv: list[str] | None = None) -> dict[str, list[tuple[float, float]]]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.parser(__doc__)
     ap.add_argument("--requests", type=int, default=2000, help="calls per client per round")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--tokenizer", default=str(core.DEFAULT_TOKENIZER))
-    ap.add_argument("--markdown", action="store_true")
+    cli.tokenizer_arg(ap)
+    cli.markdown_arg(ap)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
-    body = orjson.dumps(core.DIRECT_BODY)
+    body = orjson.dumps(DIRECT_BODY)
     got: dict[str, list[tuple[float, float]]] = {name: [] for name in CLIENTS}
-    with tempfile.TemporaryDirectory(prefix="polar-bench-client-") as tmp:
-        upstream = core.start_upstream(Path(tmp), args.tokenizer)
-        try:
-            url = core.upstream_url(upstream)
-            for _ in range(args.rounds):
-                for name, run in CLIENTS.items():
-                    got[name].append(asyncio.run(run(url, body, args.requests)))
-        finally:
-            upstream.stop()
-    table = Table(title=f"the upstream call, one at a time: {args.rounds} rounds x {args.requests} calls a client, "
-                        "clients taking turns", box=box.MARKDOWN if args.markdown else box.SIMPLE)
-    for col in ("client", "CPU µs/call", "÷ aiohttp", "wall µs/call", "÷ aiohttp"):
-        table.add_column(col, justify="left" if col == "client" else "right")
+    with Run("bench_upstream_client.py", argv, width=200) as run:
+        url = upstream_url(run.start(start_upstream(run.work, args.tokenizer)))
+        for _ in range(args.rounds):
+            for name, client in CLIENTS.items():
+                got[name].append(asyncio.run(client(url, body, args.requests)))
+    out = table(f"the upstream call, one at a time: {args.rounds} rounds x {args.requests} calls a client, clients "
+                "taking turns", ("client", "CPU µs/call", "÷ aiohttp", "wall µs/call", "÷ aiohttp"), left=("client",))
     base_cpu, base_wall = (statistics.median(x[i] for x in got["aiohttp"]) for i in (0, 1))
     for name, rounds in got.items():
         cpu, wall = (statistics.median(x[i] for x in rounds) for i in (0, 1))
-        table.add_row(name, f"{cpu:.0f}", f"{cpu / base_cpu:.2f}", f"{wall:.0f}", f"{wall / base_wall:.2f}")
-    console = Console(width=200)
-    console.print(table)
-    console.print(f"command: python scripts/bench_upstream_client.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+        out.add_row(name, f"{cpu:.0f}", f"{cpu / base_cpu:.2f}", f"{wall:.0f}", f"{wall / base_wall:.2f}")
+    run.report(out, [], args.markdown)
     return got
 
 

@@ -21,79 +21,80 @@ the upstream and the front: the shape of a node whose gateway workers each have 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_proxy as core  # noqa: E402  (the measurement core)
+from benchkit import args as cli  # noqa: E402
+from benchkit.load import Cell, cell_requests, drive, streams_of  # noqa: E402
+from benchkit.report import Run, ms, table  # noqa: E402
+from benchkit.targets import (  # noqa: E402
+    Service,
+    Target,
+    anthropic_target,
+    check_targets,
+    children,
+    comm,
+    cpu_seconds,
+    descendants,
+    direct_target,
+    polar_target,
+    start_polar,
+    start_upstream,
+    upstream_stats,
+)
 from cpu_budget import CpuBudgets  # noqa: E402
 
 from polar.capture.shards import shard_path  # noqa: E402
-from polar.mitm.proxy import free_port  # noqa: E402
-
-ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def start_workers(workdir: Path, upstream: core.Service, sync: str, count: int) -> core.Service:
-    port = free_port()
-    cmd = [sys.executable, "-m", "polar.cli", "proxy", "--workers", str(count), "--upstream", core.upstream_url(upstream),
-           "--port", str(port), "--db", str(workdir / "captures-workers.db"), "--set", f"polar_db_sync={sync}"]
-    return core.Service(f"polar --workers {count}", cmd, f"http://127.0.0.1:{port}/", workdir / "polar-workers.log",
-                        env=ENV, cwd=core.REPO).start()
+def start_workers(workdir: Path, upstream: Service, sync: str, count: int) -> Service:
+    return start_polar(workdir, upstream, sync, name=f"polar --workers {count}", tag="workers",
+                       extra=["--workers", str(count)])
 
 
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def front_pid(service: core.Service) -> int | None:
+def front_pid(service: Service) -> int | None:
     """The haproxy process among the supervisor's children."""
-    return next((pid for pid in core._descendants(service.proc.pid) if _comm(pid) == "haproxy"), None)
+    return next((pid for pid in descendants(service.proc.pid) if comm(pid) == "haproxy"), None)
 
 
-def worker_pids(service: core.Service) -> list[int]:
+def worker_pids(service: Service) -> list[int]:
     """The supervisor's children that are gateway workers (all but haproxy)."""
-    return [pid for pid in core.children(service.proc.pid) if _comm(pid) != "haproxy"]
+    return [pid for pid in children(service.proc.pid) if comm(pid) != "haproxy"]
 
 
-def budget(budgets: CpuBudgets, one: core.Service, workers: core.Service, cores: float) -> str:
+def budget(budgets: CpuBudgets, one: Service, workers: Service, cores: float) -> str:
     """One polar process and each worker (with whatever it started) capped at `cores`."""
-    budgets.limit("single", [one.proc.pid, *core._descendants(one.proc.pid)], cores)
+    budgets.limit("single", [one.proc.pid, *descendants(one.proc.pid)], cores)
     pids = worker_pids(workers)
     for i, pid in enumerate(pids):
-        budgets.limit(f"w{i}", [pid, *core._descendants(pid)], cores)
+        budgets.limit(f"w{i}", [pid, *descendants(pid)], cores)
     return f"CPU budget: {cores:g} cores (cgroup quota) for the one polar process and for each of {len(pids)} workers"
 
 
 @dataclass
-class WorkersCell(core.Cell):
+class WorkersCell(Cell):
     front_cpu: float | None = None  # haproxy's seconds (None: no front)
     load_cpu: float = 0.0  # this process's seconds: the load generator
 
 
-def measure(target: core.Target, upstream: core.Service, stream: bool, clients: int, n: int) -> WorkersCell:
+def measure(target: Target, upstream: Service, stream: bool, clients: int, n: int) -> WorkersCell:
     front = front_pid(target.proxy) if target.proxy else None
     marks: dict[str, float] = {}
 
     def cpu() -> dict[str, float]:
         return {"proxy": target.proxy.cpu_seconds() if target.proxy else 0.0,
-                "front": core.cpu_seconds(front) if front else 0.0,
+                "front": cpu_seconds(front) if front else 0.0,
                 "upstream": upstream.cpu_seconds(), "load": time.process_time()}
 
-    latencies, errors, wall = asyncio.run(core.drive(target, stream, clients, n, lambda: marks.update(cpu())))
+    latencies, errors, wall = asyncio.run(drive(target, stream, clients, n, lambda: marks.update(cpu())))
     used = {k: v - marks[k] for k, v in cpu().items()}
     return WorkersCell(target.name, stream, clients, latencies, errors, wall,
                        used["proxy"] if target.proxy else None, used["upstream"],
@@ -101,27 +102,25 @@ def measure(target: core.Target, upstream: core.Service, stream: bool, clients: 
 
 
 def results_table(cells: list[WorkersCell], title: str, single: str) -> Table:
-    table = Table(title=title)
-    for col in ("stream", "clients", "target", "calls", "errors", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms",
-                "calls/s", "vs direct", "vs 1 process", "polar CPU ms/call", "of which front", "upstream CPU ms/call",
-                "load gen CPU ms/call", "CPU busy"):
-        table.add_column(col, justify="left" if col in ("stream", "target") else "right")
+    out = table(title, ("stream", "clients", "target", "calls", "errors", "p50 ms", "p99 ms", "added p50 ms",
+                        "added p99 ms", "calls/s", "vs direct", "vs 1 process", "polar CPU ms/call", "of which front",
+                        "upstream CPU ms/call", "load gen CPU ms/call", "CPU busy"))
     by = {(c.target, c.stream, c.clients): c for c in cells}
     cores = os.cpu_count() or 1
     for c in cells:
         direct, one = by.get(("direct", c.stream, c.clients)), by.get((single, c.stream, c.clients))
         busy = sum(x or 0.0 for x in (c.proxy_cpu, c.upstream_cpu, c.load_cpu)) / c.wall / cores if c.wall else 0.0
-        table.add_row(
+        out.add_row(
             "yes" if c.stream else "no", str(c.clients), c.target, str(c.ok + len(c.errors)), str(len(c.errors)),
-            core._ms(c.pct(50)), core._ms(c.pct(99)),
-            "–" if c is direct else core._ms(c.pct(50) - direct.pct(50)),
-            "–" if c is direct else core._ms(c.pct(99) - direct.pct(99)),
+            ms(c.pct(50)), ms(c.pct(99)),
+            "–" if c is direct else ms(c.pct(50) - direct.pct(50)),
+            "–" if c is direct else ms(c.pct(99) - direct.pct(99)),
             f"{c.rps:.0f}", "–" if c is direct else f"{c.rps / direct.rps:.2f}",
             "–" if c.proxy_cpu is None or c is one else f"{c.rps / one.rps:.2f}",
-            core._ms(c.cpu_ms(c.proxy_cpu)), core._ms(c.cpu_ms(c.front_cpu)), core._ms(c.cpu_ms(c.upstream_cpu)),
-            core._ms(c.cpu_ms(c.load_cpu)), f"{busy:.0%}",
+            ms(c.cpu_ms(c.proxy_cpu)), ms(c.cpu_ms(c.front_cpu)), ms(c.cpu_ms(c.upstream_cpu)),
+            ms(c.cpu_ms(c.load_cpu)), f"{busy:.0%}",
         )
-    return table
+    return out
 
 
 def target_lines(cells: list[WorkersCell], single: str, multi: str, count: int) -> list[str]:
@@ -154,52 +153,44 @@ def shard_split(db: Path, count: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> list[WorkersCell]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    core.common_args(ap)
+    ap = cli.parser(__doc__)
+    cli.common_args(ap)
     ap.add_argument("--workers", type=int, default=2, help="gateway processes behind the front")
     ap.add_argument("--cpu-per-worker", type=float, default=None, metavar="CORES",
                     help="cap the one polar process and each worker at this many cores (cgroup quota; root)")
     ap.set_defaults(concurrency=[64], stream="no", requests=2000)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
-    core.check_args(ap, args)
+    cli.check_args(ap, args)
     if args.workers < 2:
         ap.error("--workers must be at least 2")
     if args.cpu_per_worker is not None and not 0 < args.cpu_per_worker <= (os.cpu_count() or 1):
         ap.error(f"--cpu-per-worker must be in (0, {os.cpu_count()}]")
-    console, started, load_before = Console(width=260), time.perf_counter(), core.loadavg()
     single, multi = "polar", f"polar ×{args.workers}"
-    services: list[core.Service] = []
     budgets, budget_line = CpuBudgets() if args.cpu_per_worker else None, None
-    with tempfile.TemporaryDirectory(prefix="polar-bench-workers-") as tmp:
+    with Run("bench_workers.py", argv, width=260) as run:
         try:
-            upstream = core.start_upstream(Path(tmp), args.tokenizer)
-            services.append(upstream)
-            one = core.polar_target(Path(tmp), upstream, args.sync[0], single)
-            services.append(one.proxy)
-            front = start_workers(Path(tmp), upstream, args.sync[0], args.workers)
-            services.append(front)
+            upstream = run.start(start_upstream(run.work, args.tokenizer))
+            one = run.add(polar_target(run.work, upstream, args.sync[0], single))
+            front = run.start(start_workers(run.work, upstream, args.sync[0], args.workers))
             if budgets:
                 budget_line = budget(budgets, one.proxy, front, args.cpu_per_worker)
-            targets = [core.direct_target(upstream),
-                       core.Target(single, one.url, one.body, one.headers, one.proxy, session_per_client=True),
-                       core.Target(multi, f"{front.health_url}v1/messages", one.body, one.headers, front,
-                                   session_per_client=True)]
-            core.check_targets(targets)
+            targets = [direct_target(upstream), anthropic_target(single, one.proxy, session_per_client=True),
+                       anthropic_target(multi, front, session_per_client=True)]
+            check_targets(targets)
             cells = []
-            for stream in core.streams_of(args.stream):
+            for stream in streams_of(args.stream):
                 for clients in args.concurrency:
                     for target in targets:
-                        cell = measure(target, upstream, stream, clients, core.cell_requests(args.requests, clients))
-                        console.print(f"[dim]{'streamed' if stream else 'non-streamed'} {clients:>3} clients "
-                                      f"{target.name:<10} p50 {cell.pct(50):8.2f} ms {cell.rps:7.1f} calls/s "
-                                      f"errors {len(cell.errors)}[/dim]")
+                        cell = measure(target, upstream, stream, clients, cell_requests(args.requests, clients))
+                        run.progress(f"{'streamed' if stream else 'non-streamed'} {clients:>3} clients "
+                                     f"{target.name:<10} p50 {cell.pct(50):8.2f} ms {cell.rps:7.1f} calls/s "
+                                     f"errors {len(cell.errors)}")
                         cells.append(cell)
-            split = shard_split(Path(tmp) / "captures-workers.db", args.workers)
-            stats = core.upstream_stats(upstream)
+            split = shard_split(run.work / "captures-workers.db", args.workers)
+            stats = upstream_stats(upstream)
         finally:
-            for service in reversed(services):
-                service.stop()
+            run.stop()  # before their budgets go
             if budgets:
                 budgets.close()
     shared = (f"each gateway process capped at {args.cpu_per_worker:g} cores" if budgets else
@@ -207,8 +198,7 @@ def main(argv: Sequence[str] | None = None) -> list[WorkersCell]:
     title = (f"polar ×{args.workers} (haproxy front) vs one polar process vs direct (captures synchronous="
              f"{args.sync[0]}; {os.cpu_count()} cores, {shared})")
     notes = [*target_lines(cells, single, multi, args.workers), split, stats, *([budget_line] if budget_line else [])]
-    core.print_report(console, results_table(cells, title, single), notes, args.markdown, load_before,
-                      started, core.command_line("bench_workers.py", argv))
+    run.report(results_table(cells, title, single), notes, args.markdown)
     return cells
 
 

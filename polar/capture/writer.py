@@ -39,19 +39,18 @@ import threading
 import weakref
 from collections import defaultdict
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from polar.capture import leases, schema
 from polar.capture.bodies import ANSWER_APART, BodyBases, store, write_body
 from polar.capture.dictionaries import Packer
+from polar.capture.jobs import Arrival, Arrive, Complete, Flush, Job, Stop, Sync
 from polar.capture.records import CallEnd, CallStart, StoredMessage
 from polar.capture.shards import first_row_id
 
 log = logging.getLogger("polar.capture")
 
-_STOP = object()
 _SQLITE_BUSY = 5  # sqlite3.Error.sqlite_errorcode, primary code (extended codes keep it in the low byte)
 
 
@@ -61,16 +60,6 @@ class CaptureError(RuntimeError):
 
 class _Locked(Exception):
     """The database's write lock is held elsewhere and this thread does not wait for it."""
-
-
-@dataclass(eq=False)  # one per call, compared by identity (the writer holds the ones in flight)
-class Arrival:
-    """A call as `start` recorded it. `row_id` is its pending row once written, and None while it is not
-    (handed to the writer thread and not yet written, or not written at all: the completion then inserts
-    the row whole). Whoever holds the connection reads or sets it, the arrival always before its completion."""
-
-    call: CallStart
-    row_id: int | None = None
 
 
 class CaptureWriter:
@@ -98,6 +87,9 @@ class CaptureWriter:
         self._bases = (self._bodies, self._answers)  # both follow the transaction: undo, abort, commit alike
         self._packer = Packer(self._conn)  # small values compressed with dictionaries trained on them
         self._id_floor = first_row_id(self.path) or None  # a shard's ids start in its own range (shards.py)
+        # Pending rows whose completion could not be written (disk full, I/O error): marked failed by the next
+        # transaction that commits, so no row stays `pending` while this writer's lease lives on.
+        self._unsettled: dict[int, str] = {}
         self._owner = threading.Lock()  # held by whichever thread is using the connection
         self._handed = 0  # writes queued for the writer thread and not yet written: later ones queue behind them
         self._handed_lock = threading.Lock()
@@ -115,7 +107,7 @@ class CaptureWriter:
         arrival = Arrival(call)
         alone = not self._in_flight
         self._in_flight.add(arrival)
-        item = (("start", arrival), None)
+        item = Job(Arrive(arrival), None)
         if not alone or self._now(item) is None:
             self._hand(item)
         return arrival
@@ -126,13 +118,13 @@ class CaptureWriter:
         CaptureError. The caller may do other work before awaiting it."""
         fut = asyncio.get_running_loop().create_future()
         self._in_flight.discard(arrival)
-        item = (("finish", arrival, end), fut)
+        item = Job(Complete(arrival, end), fut)
         outcome = None if self._in_flight else self._now(item)
         if outcome is None:
             self._hand(item)
         elif self.synchronous == "FULL" and not isinstance(outcome, BaseException):
             if not self._queue.empty():  # the writer thread is syncing others: one fdatasync for all
-                self._queue.put((("sync", outcome), fut))
+                self._queue.put(Job(Sync(outcome), fut))
                 return fut
             _resolve(fut, self._fdatasync() or outcome)
         else:
@@ -142,7 +134,7 @@ class CaptureWriter:
     async def flush(self) -> None:
         """Wait until everything written or queued before this is durable (or has failed)."""
         fut = asyncio.get_running_loop().create_future()
-        self._queue.put((("flush",), fut))
+        self._queue.put(Job(Flush(), fut))
         await fut
 
     def size_bases(self, max_bytes: int) -> None:
@@ -158,13 +150,13 @@ class CaptureWriter:
     def close(self) -> None:
         thread, self._thread = self._thread, None  # a second close is a no-op
         if thread is not None and thread.is_alive():
-            self._submit(_STOP).result(timeout=60)
+            self._submit(Stop()).result(timeout=60)
             thread.join(timeout=60)
             self._conn.close()
             os.close(self._wal)
             leases.drop(self.path, self.token, self._lease)
 
-    def _now(self, item: tuple[Any, Any]) -> Any:
+    def _now(self, item: Job) -> Any:
         """Write `item` on this thread when nothing is handed to the writer thread and no one else holds the
         connection: its outcome (a row id, or the exception). None: it must go to the writer thread."""
         if self._handed or not self._owner.acquire(blocking=False):
@@ -189,14 +181,14 @@ class CaptureWriter:
             return CaptureError(f"the capture could not be made durable (fdatasync: {exc})")
         return None
 
-    def _hand(self, item: tuple[Any, Any]) -> None:
+    def _hand(self, item: Job) -> None:
         with self._handed_lock:
             self._handed += 1
         self._queue.put(item)
 
-    def _submit(self, op: Any) -> Future:
+    def _submit(self, op: Stop) -> Future:
         fut: Future = Future()
-        self._queue.put((op, fut))
+        self._queue.put(Job(op, fut))
         return fut
 
     @staticmethod
@@ -231,20 +223,20 @@ class CaptureWriter:
             # answered once everything before them is done
             work, syncs, control = [], [], []
             for item in batch:
-                kind = "stop" if item[0] is _STOP else item[0][0]
-                (syncs if kind == "sync" else control if kind in ("flush", "stop") else work).append(item)
+                op = item.op
+                (syncs if isinstance(op, Sync) else control if isinstance(op, (Flush, Stop)) else work).append(item)
             replies = self._write_handed(work) if work else []  # (the waiter, the outcome) of each
             failed = [(fut, out) for fut, out in replies if fut is not None and isinstance(out, BaseException)]
             durable = [(fut, out) for fut, out in replies if fut is not None and not isinstance(out, BaseException)]
-            durable += [(fut, op[1]) for op, fut in syncs]
+            durable += [(fut, op.row_id) for op, fut in syncs]
             if durable and self.synchronous == "FULL" and (lost := self._fdatasync()):
                 durable = [(fut, lost) for fut, _ in durable]
             replies = failed + durable + [(fut, None) for _, fut in control]
             self._answer(replies)
-            if any(op is _STOP for op, _ in control):
+            if any(isinstance(op, Stop) for op, _ in control):
                 return
 
-    def _write_handed(self, work: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    def _write_handed(self, work: list[Job]) -> list[tuple[Any, Any]]:
         """Write what was handed over, in one group, waiting for another process's lock up to `busy_timeout`."""
         with self._owner:
             try:
@@ -254,7 +246,7 @@ class CaptureWriter:
                 with self._handed_lock:
                     self._handed -= len(work)
 
-    def _guarded(self, work: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    def _guarded(self, work: list[Job]) -> list[tuple[Any, Any]]:
         """`_commit_group`, where a failure of polar's own fails these writes, not the caller or the writer."""
         try:
             return self._commit_group(work)
@@ -275,7 +267,7 @@ class CaptureWriter:
             self._wait_ms = wait_ms
         self._patient = patient
 
-    def _commit_group(self, work: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    def _commit_group(self, work: list[Job]) -> list[tuple[Any, Any]]:
         """Commit a group of writes: each write's waiter (None for an arrival) and its outcome. Raises _Locked
         when the lock is held elsewhere and this thread does not wait for it."""
         if _identity(self.path) != self._files:
@@ -293,15 +285,17 @@ class CaptureWriter:
         replies = []
         for (op, fut), outcome in zip(work, outcomes):
             if isinstance(outcome, BaseException):
-                if op[0] == "start":  # not written (its row id already cleared): its completion inserts it whole
-                    log.error("could not record the arrival of call %s: %s", op[1].call.call_id, outcome)
+                if isinstance(op, Arrive):  # not written (its row id already cleared): its completion inserts it whole
+                    log.error("could not record the arrival of call %s: %s", op.arrival.call.call_id, outcome)
                 else:
-                    log.error("capture write failed (%s): %s", op[0], outcome)
+                    log.error("capture write failed (completion): %s", outcome)
+                    if op.arrival.row_id is not None:  # its pending row stands: settled by a later commit
+                        self._unsettled[op.arrival.row_id] = f"polar could not record this call: {outcome}"
                 outcome = outcome if isinstance(outcome, CaptureError) else CaptureError(str(outcome))
             replies.append((fut, outcome))
         return replies
 
-    def _transaction(self, work: list[tuple[Any, Any]]) -> list[Any] | CaptureError | None:
+    def _transaction(self, work: list[Job]) -> list[Any] | CaptureError | None:
         """Run `work` in one transaction, each write in its own savepoint. None if the COMMIT failed,
         a CaptureError if the transaction could not begin (_Locked when this thread does not wait)."""
         conn = self._conn
@@ -311,6 +305,7 @@ class CaptureWriter:
             if not self._patient and getattr(exc, "sqlite_errorcode", 0) & 0xFF == _SQLITE_BUSY:
                 raise _Locked() from None
             return CaptureError(f"could not open a write transaction: {exc}")
+        settling = self._settle_failed()
         outcomes: list[Any] = []
         for op, _ in work:
             conn.execute("SAVEPOINT w")
@@ -319,8 +314,8 @@ class CaptureWriter:
                 outcomes.append(self._apply(op))
                 conn.execute("RELEASE w")
             except Exception as exc:  # noqa: BLE001 — any failed write (SQLite, encoding, a bug) is undone alone
-                if op[0] == "start":
-                    op[1].row_id = None
+                if isinstance(op, Arrive):
+                    op.arrival.row_id = None
                 for bases, mark in zip(self._bases, marks):
                     bases.undo(mark)  # its bodies are no base for anyone
                 if not conn.in_transaction:  # SQLite rolled the whole transaction back (disk full, I/O error)
@@ -336,27 +331,48 @@ class CaptureWriter:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             return None
+        for row_id in settling:
+            self._unsettled.pop(row_id, None)
         for bases in self._bases:
             bases.commit()  # only now may later rows use this transaction's bodies as bases
         if self._packer.waiting:  # a dictionary trained in this transaction: stored in one of its own
             self._packer.store(conn)
         return outcomes
 
-    def _abort(self, work: list[tuple[Any, Any]], error: str) -> None:
+    def _settle_failed(self) -> list[int]:
+        """Mark the pending rows of completions that failed earlier as failed, in this transaction (a savepoint of
+        their own: if it fails, they wait for the next one). The rows it covers, once it commits."""
+        if not self._unsettled:
+            return []
+        rows = list(self._unsettled.items())
+        self._conn.execute("SAVEPOINT settle")
+        try:
+            self._conn.executemany(
+                "UPDATE calls SET status='error', error_kind='capture_failed', error=? WHERE id=? AND status='pending'",
+                [(error, row_id) for row_id, error in rows])
+        except sqlite3.Error:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK TO settle")
+                self._conn.execute("RELEASE settle")
+            return []
+        self._conn.execute("RELEASE settle")
+        return [row_id for row_id, _ in rows]
+
+    def _abort(self, work: list[Job], error: str) -> None:
         """The transaction is gone: nothing in it was written (its arrivals have no row, its bodies are no base)."""
         for bases in self._bases:
             bases.abort()
         for op, _ in work:
-            if op[0] == "start":
-                op[1].row_id = None
+            if isinstance(op, Arrive):
+                op.arrival.row_id = None
         self._last_error = error
 
-    def _apply(self, op: tuple) -> int:
-        if op[0] == "start":
+    def _apply(self, op: Arrive | Complete) -> int:
+        if isinstance(op, Arrive):
             # Set now, not at the commit: the call's completion may follow in this same transaction.
-            op[1].row_id = self._insert_call(op[1].call, {})
-            return op[1].row_id
-        _, arrival, end = op
+            op.arrival.row_id = self._insert_call(op.arrival.call, {})
+            return op.arrival.row_id
+        arrival, end = op.arrival, op.end
         row_id, call = arrival.row_id, arrival.call
         fields, values = end.encode(self._packer, self._store_answer(call.session_id, end.response_body))
         self._store_values(values)
@@ -409,14 +425,14 @@ class CaptureWriter:
                                  list(row.values()))
         return int(cur.lastrowid)
 
-    def _fallback(self, op: tuple, exc: Exception) -> Exception:
+    def _fallback(self, op: Arrive | Complete, exc: Exception) -> Exception:
         """A completion that cannot be stored as it is (say, text SQLite cannot encode) still leaves its
         row saying so; the waiting call gets the error either way."""
-        if op[0] == "finish" and op[1].row_id is not None:
+        if isinstance(op, Complete) and op.arrival.row_id is not None:
             try:
                 self._conn.execute(
                     "UPDATE calls SET status='error', error_kind='capture_failed', error=? WHERE id=?",
-                    (f"polar could not record this call: {type(exc).__name__}: {exc}", op[1].row_id),
+                    (f"polar could not record this call: {type(exc).__name__}: {exc}", op.arrival.row_id),
                 )
             except sqlite3.Error:
                 pass

@@ -32,6 +32,7 @@ from polar.harnesses import HARNESSES, Harness, get
 from polar.mitm.proxy import BackgroundProxy, ProxyConfig, free_port
 from polar.reporting.table import captures_table
 from polar.rollout.tasks import Named, SessionResult, TaskSpec, load_tasks
+from polar.sessions.identity import SESSION_HEADER
 from polar.trajectories.builders import prefix_merge
 
 TASKS = Path(__file__).resolve().parents[2] / "data" / "tasks" / "tasks.jsonl"
@@ -61,7 +62,8 @@ def scripted_rule(task: TaskSpec, harness: Harness) -> dict[str, Any]:
     read = harness.read_tool(f"{WORKDIR}/{scripted['file']}")
     calls = ([read] if read else []) + [harness.shell_tool(scripted["fix"])]
     steps = [{"reasoning": REASONING, "content": "", "tool_calls": [call]} for call in calls]
-    return {"match": scripted["marker"], "steps": [*steps, {"reasoning": DONE_REASONING, "content": "Fixed."}]}
+    done = {"reasoning": DONE_REASONING, "content": "Fixed.", "tool_calls": [end] if (end := harness.end_tool()) else []}
+    return {"match": scripted["marker"], "steps": [*steps, done]}
 
 
 def demo_tasks(path: Path, harness: str, runtime: str, samples: int) -> list[TaskSpec]:
@@ -82,7 +84,8 @@ def run_main_job(workdir: Path, tokenizer_dir: Path, harness: str = "claude_code
             db.with_name(db.name + suffix).unlink(missing_ok=True)
     tasks = demo_tasks(tasks_path, harness, runtime, samples)
     script = Script.from_json({"rules": [scripted_rule(t, get(harness)) for t in tasks]})
-    upstream = BackgroundServer(ScriptedVLLM(tokenizer_dir, "polar-tiny", script=script).app)
+    # A window as wide as real Qwen3.5 deployments serve: Hermes Agent refuses one under 64K tokens.
+    upstream = BackgroundServer(ScriptedVLLM(tokenizer_dir, "polar-tiny", script=script, max_model_len=131072).app)
     upstream_url = upstream.start()
     proxy, env = embedded_gateway(upstream_url, str(captures), 0, tokenizer=str(tokenizer_dir),
                                   docker=runtime == "docker")
@@ -210,7 +213,7 @@ def sdk_tour_run(workdir: Path, tokenizer_dir: Path) -> None:
 def _anthropic(url: str, session: str) -> str:
     import anthropic
 
-    client = anthropic.Anthropic(base_url=url, api_key="sk-demo", default_headers={"x-polar-session": session})
+    client = anthropic.Anthropic(base_url=url, api_key="sk-demo", default_headers={SESSION_HEADER: session})
     messages = [{"role": "user", "content": QUESTION}]
     tools = [{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}]
     kwargs = {"model": "claude-sonnet-4-5", "max_tokens": 2048, "tools": tools,
@@ -230,7 +233,7 @@ def _anthropic(url: str, session: str) -> str:
 def _chat(url: str, session: str) -> str:
     import openai
 
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-demo", default_headers={"x-polar-session": session})
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-demo", default_headers={SESSION_HEADER: session})
     messages: list[dict] = [{"role": "user", "content": QUESTION}]
     tools = [{"type": "function", "function": WEATHER}]
     first = client.chat.completions.create(model="gpt-5", messages=messages, tools=tools).choices[0].message
@@ -246,7 +249,7 @@ def _chat(url: str, session: str) -> str:
 def _responses(url: str, session: str) -> str:
     import openai
 
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-demo", default_headers={"x-polar-session": session})
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-demo", default_headers={SESSION_HEADER: session})
     tools = [{"type": "function", "strict": False, **WEATHER}]
     items: list = [{"role": "user", "content": QUESTION}]
     kwargs = {"model": "gpt-5-codex", "tools": tools, "store": False, "include": ["reasoning.encrypted_content"],
@@ -264,7 +267,7 @@ def _gemini(url: str, session: str) -> str:
     from google import genai
     from google.genai import types
 
-    client = genai.Client(api_key="gm-demo", http_options=types.HttpOptions(base_url=url, headers={"x-polar-session": session}))
+    client = genai.Client(api_key="gm-demo", http_options=types.HttpOptions(base_url=url, headers={SESSION_HEADER: session}))
     config = types.GenerateContentConfig(
         tools=[types.Tool(function_declarations=[types.FunctionDeclaration(**WEATHER)])],
         thinking_config=types.ThinkingConfig(include_thoughts=True),

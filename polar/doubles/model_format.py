@@ -1,8 +1,8 @@
 """How the served model family writes a turn, and how vLLM's parsers read it back.
 
 The double's answers must look like what the model behind the gateway's template would sample,
-or a test on a real template measures the double instead of polar. Two families (the templates in
-../shared/reference/templates and polar/tokens/parsers.py agree on them):
+or a test on a real template measures the double instead of polar. Qwen's two families here (the templates in
+../shared/reference/templates and polar/tokens/parsers.py agree on them), the others in family_writers.py:
 
 - Qwen3 / Qwen2.5 (`qwen3`, vLLM's `hermes` parser): `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`,
   one more "\\n" before each call after content or another call.
@@ -23,11 +23,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from polar.doubles.script import Step
+from polar.doubles.family_writers import WRITERS, turns_sampled
+from polar.doubles.script import ASSISTANT_OPEN, Step
 from polar.tokens.families import detect
-from polar.tokens.parsers import family_for_template
+from polar.tokens.parsers import family_for_template, parse_turn
 
-WRITES = ("qwen3", "qwen3_xml")  # the families whose turns this double writes (and deltas.py streams as vLLM)
+# The families whose turns this double writes: Qwen's here (deltas.py streams them as vLLM does), the others in
+# family_writers.py (streamed chat deltas are Qwen's only; token-in endpoints stream any family).
+WRITES = ("qwen3", "qwen3_xml", *WRITERS)
 
 THINK_OPEN, THINK_CLOSE = "<think>\n", "</think>\n\n"
 # open: the prompt opened the block; own: the model writes it; none: no reasoning this turn
@@ -36,7 +39,7 @@ Reasoning = Literal["open", "own", "none"]
 
 @dataclass(frozen=True)
 class ModelFormat:
-    family: str  # "qwen3" (JSON tool calls) or "qwen3_xml"
+    family: str  # polar's parser name: "qwen3" (JSON tool calls), "qwen3_xml", or one of family_writers.WRITERS
     knows_think: bool  # the template renders reasoning blocks at all
 
     @classmethod
@@ -52,7 +55,26 @@ class ModelFormat:
                              f"{known.name if known else family} (polar/doubles/model_format.py)")
         return cls(family, "<think>" in template_text)
 
+    @property
+    def streams_chat(self) -> bool:
+        """Whether deltas.py can cut this family's streamed chat answers as vLLM's parsers do."""
+        return self.family not in WRITERS
+
+    @property
+    def end_of_turn(self) -> str:
+        """The stop token the model samples after its turn."""
+        return WRITERS[self.family].end_of_turn if self.family in WRITERS else "<|im_end|>"
+
+    def turn(self, prompt_text: str) -> int:
+        """How many assistant turns the prompt already holds (which step of the script answers)."""
+        if self.family in WRITERS:
+            return turns_sampled(WRITERS[self.family], prompt_text)
+        return max(prompt_text.count(ASSISTANT_OPEN) - 1, 0)
+
     def reasoning_mode(self, prompt_text: str) -> Reasoning:
+        if self.family in WRITERS:
+            opened = WRITERS[self.family].think_open
+            return "open" if opened and prompt_text.endswith(opened) else "none"
         if prompt_text.endswith(THINK_OPEN):
             return "open"
         if prompt_text.endswith(THINK_CLOSE) or not self.knows_think:
@@ -62,6 +84,10 @@ class ModelFormat:
     def completion(self, step: Step, prompt_text: str) -> str:
         """The text the model would sample after this prompt, without the stop token."""
         mode = self.reasoning_mode(prompt_text)
+        if self.family in WRITERS:
+            writer = WRITERS[self.family]
+            reasoning = (step.reasoning or "").strip("\n") + writer.think_close if mode == "open" else ""
+            return reasoning + writer.body(step)
         out = ""
         if mode != "none":
             out += ("<think>\n" if mode == "own" else "") + (step.reasoning or "").strip("\n") + "\n</think>\n\n"
@@ -71,7 +97,13 @@ class ModelFormat:
         return out
 
     def parse(self, text: str, prompt_text: str, tools: list[dict[str, Any]]) -> tuple[str | None, str, list[dict]]:
-        """Split sampled text as vLLM's reasoning parser and this family's tool parser would."""
+        """Split sampled text as vLLM's reasoning parser and this family's tool parser would (outside Qwen, polar's
+        own parser stands in for vLLM's: reasoning and content come without the template's glue)."""
+        if self.family in WRITERS:
+            turn = parse_turn(text, self.family, think_open=self.reasoning_mode(prompt_text) == "open",
+                              finish_reason="stop", tools=tools)
+            calls = [{"name": c.name, "arguments": c.arguments} for c in turn.tool_calls]
+            return turn.reasoning, turn.content, calls
         return parse_completion(text, self.reasoning_mode(prompt_text) != "none", tools, self.family)
 
     def _separator(self, index: int, content: str) -> str:

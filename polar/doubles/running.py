@@ -16,7 +16,7 @@ class BackgroundServer:
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def start(self, timeout: float = 30) -> str:
+    def start(self, timeout: float = 120) -> str:
         self.thread.start()
         deadline = time.time() + timeout
         while not self.server.started:

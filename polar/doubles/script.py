@@ -41,8 +41,10 @@ class Script:
                 raise ValueError("each script rule needs a non-empty 'steps' list")
         return cls(rules)
 
-    def step_for(self, prompt_text: str) -> Step:
-        turn = max(prompt_text.count(ASSISTANT_OPEN) - 1, 0)
+    def step_for(self, prompt_text: str, turn: int | None = None) -> Step:
+        """`turn`: the assistant turns the prompt holds, as its model family counts them (default: Qwen's)."""
+        if turn is None:
+            turn = max(prompt_text.count(ASSISTANT_OPEN) - 1, 0)
         for rule in self.rules:
             if not rule.get("match") or rule["match"] in prompt_text:
                 steps = rule["steps"]

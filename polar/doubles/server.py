@@ -61,7 +61,6 @@ class ScriptedVLLM:
         self.max_model_len = max_model_len
         self.script = script or Script()
         self.latency_s = latency_s
-        self.eos_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.think_start_id = self.tokenizer.convert_tokens_to_ids("<think>")
         self.think_end_id = self.tokenizer.convert_tokens_to_ids("</think>")
         self.fingerprint = FINGERPRINT
@@ -101,8 +100,12 @@ class ScriptedVLLM:
             text = chat_template
         if not isinstance(text, str) or not text.strip():
             raise ValueError("no chat template: the tokenizer has none and none was given")
-        self.template_text = text
-        self.format = ModelFormat.for_template(text)
+        fmt = ModelFormat.for_template(text)
+        eos_id = self.tokenizer.convert_tokens_to_ids(fmt.end_of_turn)
+        if not isinstance(eos_id, int) or self.tokenizer.convert_ids_to_tokens(eos_id) != fmt.end_of_turn:
+            raise ValueError(f"the tokenizer has no {fmt.end_of_turn!r} token, which ends a {fmt.family} turn (a "
+                             f"stand-in vocabulary carrying the family's special tokens: tests/support/stand_in.py)")
+        self.template_text, self.format, self.eos_id = text, fmt, eos_id
 
     # -- admin -------------------------------------------------------------------------------
 
@@ -227,6 +230,9 @@ class ScriptedVLLM:
             wire.field(body, "messages", list, "list_type", "Input should be a valid list")
             wire.stream_options(body)
             requested = wire.max_tokens(body)
+            if body.get("stream") and not self.format.streams_chat:
+                return wire.error(400, f"the scripted double streams chat deltas as vLLM's Qwen parsers cut them only; "
+                                       f"{self.format.family} answers stream through the token-in endpoints")
             # Validation comes first: a malformed request is refused by vLLM before it reaches the engine.
             if isinstance(fault := await self._maybe_fault(body), Response):
                 return fault
@@ -409,7 +415,7 @@ class ScriptedVLLM:
 
     def _sample(self, prompt_text: str, limit: int, stop: Any) -> tuple[str, list[int], str, str | None]:
         """The scripted answer as sampled text + ids, cut by stop strings and max_tokens like vLLM."""
-        text = self.format.completion(self.script.step_for(prompt_text), prompt_text)
+        text = self.format.completion(self.script.step_for(prompt_text, self.format.turn(prompt_text)), prompt_text)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         hits = [(text.find(s), s) for s in stops if s and s in text]
         if hits:

@@ -16,12 +16,23 @@ import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from polar.doubles.deltas import DeltaParser
 
-if TYPE_CHECKING:
-    from polar.doubles.server import ScriptedVLLM
+
+class ScriptedVLLM(Protocol):
+    """What the answers are built from: the double's model (doubles/server.py), named here so that this module
+    does not import the server that imports it."""
+
+    tokenizer: Any
+    model_name: str
+    format: Any
+    logprobs: Any
+    fingerprint: Any
+    eos_id: Any
+    think_start_id: Any
+    think_end_id: Any
 
 DONE = "data: [DONE]\n\n"
 

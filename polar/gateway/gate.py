@@ -3,8 +3,12 @@
 A trainer pauses sampling, waits for in-flight calls (`drain`), swaps weights and resumes with the
 new policy version, which calls record when the upstream reports none itself. Paused calls wait,
 they are not refused: harnesses just see a slower answer. A resume under a new version opens the gate
-once `before_resume` has run (a fleet of replicas takes out those not serving that version). Use on the proxy's event loop (from
-another thread: loop.call_soon_threadsafe / asyncio.run_coroutine_threadsafe).
+once `before_resume` has run (a fleet of replicas takes out those not serving that version). Use on the
+proxy's event loop (from another thread: loop.call_soon_threadsafe / asyncio.run_coroutine_threadsafe).
+
+Two versions meet here, each of one type: the trainer's (an int counting its updates, as rollout/ holds it)
+and the label of the weights that served a call (a str, as vLLM's own `weight_version` is: what captures,
+trajectories and datasets hold). The gate writes the trainer's version as that label.
 """
 
 from __future__ import annotations
@@ -34,9 +38,9 @@ class SamplingGate:
             self._resuming.cancel()
         self._open.clear()
 
-    def resume(self, policy_version: str | None = None) -> None:
+    def resume(self, policy_version: int | str | None = None) -> None:
         if policy_version is not None:
-            self.policy_version = policy_version
+            self.policy_version = str(policy_version)
         version = self.policy_version
         if self.before_resume is not None and version is not None and version != self._checked:
             if self._resuming is not None:

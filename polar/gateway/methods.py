@@ -1,6 +1,7 @@
 """Which HTTP methods a path takes, and the answers that follow from it (405, OPTIONS, HEAD).
 
-Model endpoints take POST; polar's own side paths (`/`, `…/models`) take GET. HEAD is answered
+Model endpoints and Ollama's `/api/show` probe take POST; polar's own side paths (`/`, `…/models`,
+`…/models/{id}`) take GET. HEAD is answered
 as GET without the body: a keep-alive client reads headers only, so a body there would be read
 as the start of the next response on that connection.
 """
@@ -10,17 +11,19 @@ from __future__ import annotations
 from dataclasses import replace
 
 from polar.errors import GatewayError
-from polar.providers import HttpReply, ProviderSet
+from polar.gateway.probes import probe_path, show_path
+from polar.providers import HttpReply, ProviderSet, Route
 
 MODEL_METHODS = "POST, OPTIONS"
 SIDE_METHODS = "GET, HEAD, OPTIONS"
 
 
-def allowed(providers: ProviderSet, path: str, query: dict[str, str], headers: dict[str, str]) -> str | None:
-    """The `Allow` value for a path polar serves, None for a path it does not know."""
-    if providers.detect("POST", path, query, headers) is not None:
+def allowed(route: Route | None, path: str) -> str | None:
+    """The `Allow` value for a path polar serves, None for a path it does not know. `route`: the model endpoint a
+    POST to this path would reach (providers only route POSTs)."""
+    if route is not None or show_path(path):
         return MODEL_METHODS
-    if path in ("/", "") or path.rstrip("/").endswith("/models"):
+    if path in ("/", "") or probe_path(path):
         return SIDE_METHODS
     return None
 

@@ -23,6 +23,7 @@ import functools
 import logging
 import secrets
 import time
+from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,16 +38,18 @@ from polar.errors import GatewayError
 from polar.gateway.body import decode
 from polar.gateway.gate import SamplingGate
 from polar.gateway.methods import allowed, headers_only, method_reply
+from polar.gateway.probes import Served, answer_probe, answer_show, probe_path, show_path
 from polar.gateway.streaming import StreamingCall, StreamReply
 from polar.providers import ProviderSet, Sealer
 from polar.providers.base import HttpReply, Parsed, Provider, Route
 from polar.providers.history import Histories
 from polar.sessions.fingerprints import answer_message, message_fingerprint
-from polar.sessions.identity import Identity, SessionRegistry, redact
+from polar.sessions.identity import SESSION_HEADER, Identity, SessionRegistry, redact
 from polar.sessions.state import NO_BRANCH, Branch, SessionState, SessionStates, SessionView, Turn, new_turn
 from polar.tokens.shaping import ANY_TEMPLATE, shape
 from polar.upstream.base import Backend, UpstreamStream
 
+CALL_ID_HEADER = "x-polar-call-id"  # beside identity.SESSION_HEADER on every answer
 log = logging.getLogger("polar.gateway")
 
 
@@ -107,10 +110,11 @@ class Gateway:
             return GatewayReply(headers_only(out.reply), out.meta)
         ident = self.registry.resolve(req.path, req.headers, req.client_addr)
         path = ident.path
-        side = await self._side_call(req, path)
+        # Detected once: the model endpoint a POST to this path reaches (what the path allows follows from it).
+        route = self.providers.detect("POST", path, req.query, req.headers)
+        side = await self._side_call(req, path, route)
         if side is not None:
             return GatewayReply(side, {"session": ident.session, "kind": "side-call"})
-        route = self.providers.detect(req.method, path, req.query, req.headers)
         provider = route.provider if route else self.providers.guess(path, req.headers)
         if route is None and req.method != "POST":
             # Not a model call (a client's settings or feature-flag channel, a probe): no capture.
@@ -120,27 +124,29 @@ class Gateway:
 
     # -- side calls: answered, not captured ---------------------------------------------------
 
-    async def _side_call(self, req: GatewayRequest, path: str) -> HttpReply | None:
+    async def _side_call(self, req: GatewayRequest, path: str, route: Route | None) -> HttpReply | None:
         if req.headers.get("upgrade", "").lower() == "websocket":
             # Codex tries Responses-over-WebSocket first and falls back to HTTP when refused.
             err = GatewayError("invalid_request", "polar serves the Responses API over HTTP only; WebSocket refused")
             err.status = 426
             return self.providers.guess(path, req.headers).render_error(err)
-        allow = allowed(self.providers, path, req.query, req.headers)
+        allow = allowed(route, path)  # a route is taken by POST alone: any other method is answered here
         if allow and (refused := method_reply(self.providers, req.method, path, allow, req.headers)):
             return refused  # OPTIONS, or a method the path does not take: not a model call
         if path in ("/", "") and req.method == "GET":
             return HttpReply(200, b"polar gateway\n", {"content-type": "text/plain"})
-        if req.method == "GET" and path.rstrip("/").endswith("/models"):
-            names = list(dict.fromkeys([await self._model_or_none(), *self.model_aliases]))
-            return self.providers.guess(path, req.headers).render_models([n for n in names if n])
+        if req.method == "GET" and probe_path(path):
+            return answer_probe(self.providers.guess(path, req.headers), path, await self._served())
+        if req.method == "POST" and show_path(path):
+            return answer_show(req.body, req.headers.get("content-type"), self.max_body_bytes, await self._served())
         return None
 
-    async def _model_or_none(self) -> str | None:
-        try:
-            return await self.backend.model()
-        except GatewayError:
-            return None
+    async def _served(self) -> Served:
+        """The served model as probes are told of it; an upstream that cannot say leaves it out."""
+        names = list(dict.fromkeys([await _or_none(self.backend.model()), *self.model_aliases]))
+        traits = self.backend.template_traits()
+        return Served([n for n in names if n], await _or_none(self.backend.context_length()),
+                      vision=bool(traits and traits.images))
 
     # -- model calls: always captured -------------------------------------------------------
 
@@ -174,11 +180,11 @@ class Gateway:
             reply, end = self._error(provider, GatewayError("internal", f"polar failed on this call: {type(exc).__name__}: {exc}"))
         if failure := await settle(end, call_state.result):  # not durable → the client must not proceed as if it were
             reply = provider.render_error(GatewayError("internal", f"polar could not record this call: {failure}"))
-        reply.headers.update({"x-polar-call-id": call.call_id, "x-polar-session": ident.session})
+        reply.headers.update(_ids(call, ident))
         return GatewayReply(reply, meta)
 
     def _stream_reply(self, opened: _Opened, provider: Provider, call: CallStart, ident: Identity, settle) -> StreamReply:
-        ids = {"x-polar-call-id": call.call_id, "x-polar-session": ident.session}
+        ids = _ids(call, ident)
         stream = StreamingCall(opened.upstream, opened.renderer, settle, opened.slot, self.keepalive_s,
                                provider_status=lambda err: err.status or provider.statuses[err.kind],
                                refuse=lambda err: self._error(provider, err), headers=ids)
@@ -306,6 +312,13 @@ class Gateway:
         return reply, end
 
 
+async def _or_none[T](answer: Awaitable[T]) -> T | None:
+    try:
+        return await answer
+    except GatewayError:
+        return None
+
+
 @dataclass
 class _Opened:
     """A stream sent upstream: its renderer, and the sampling slot it holds until it ends."""
@@ -372,3 +385,8 @@ class _Call:
         end.replica = result.replica or end.replica
         end.tokens = TokenRecord(self.prompt, result.completion_token_ids, result.completion_logprobs,
                                  self.branch.lineage)
+
+
+def _ids(call: CallStart, ident: Identity) -> dict[str, str]:
+    """The headers naming the call and its session on every answer (the session's by the header clients send)."""
+    return {CALL_ID_HEADER: call.call_id, SESSION_HEADER: ident.session}

@@ -1,5 +1,5 @@
-"""Harnesses by name: the coding CLIs polar runs unchanged in session sandboxes, a generic shell
-command, and the small python-agent — all behind the one `Harness` interface (base.py)."""
+"""Harnesses by name: the coding CLIs polar runs unchanged in session sandboxes, the Python agents from
+PyPI, a generic shell command, and the small python-agent — all behind the one `Harness` interface (base.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from polar.harnesses.base import SUPPORT_DIR, Harness, SessionContext, write_fil
 from polar.harnesses.claude_code import CLAUDE_CODE
 from polar.harnesses.codex import CODEX
 from polar.harnesses.gemini_cli import GEMINI_CLI
+from polar.harnesses.hermes import HERMES
+from polar.harnesses.mini_swe_agent import MINI_SWE_AGENT, MiniSweAgent
+from polar.harnesses.openclaw import OPENCLAW
 from polar.harnesses.opencode import OPENCODE
 from polar.harnesses.pi import PI
 from polar.harnesses.python_agent import PYTHON_AGENT, PythonAgent
@@ -16,7 +19,9 @@ from polar.harnesses.qwen_code import QWEN_CODE
 from polar.harnesses.shell import SHELL, Shell
 
 CLIS: tuple[Harness, ...] = (CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, PI, QWEN_CODE)  # installed from npm
-HARNESSES: dict[str, Harness] = {h.name: h for h in (*CLIS, SHELL, PYTHON_AGENT)}
+PYTHON_AGENTS: tuple[Harness, ...] = (HERMES, MINI_SWE_AGENT)  # installed from PyPI
+# Installed from npm too, but configured with polar's base URL (its provider config names no default host).
+HARNESSES: dict[str, Harness] = {h.name: h for h in (*CLIS, OPENCLAW, *PYTHON_AGENTS, SHELL, PYTHON_AGENT)}
 
 
 def get(name: str) -> Harness:
@@ -33,5 +38,5 @@ def make_harness(name: str, options: dict[str, Any] | None = None) -> Harness:
     return HARNESSES[name].with_options(**(options or {})) if options else HARNESSES[name]
 
 
-__all__ = ["CLIS", "HARNESSES", "SUPPORT_DIR", "Harness", "PythonAgent", "SessionContext", "Shell", "get",
-           "make_harness", "write_files"]
+__all__ = ["CLIS", "HARNESSES", "PYTHON_AGENTS", "SUPPORT_DIR", "Harness", "MiniSweAgent", "PythonAgent",
+           "SessionContext", "Shell", "get", "make_harness", "write_files"]

@@ -20,6 +20,7 @@ import dataclasses
 import fcntl
 import os
 import shlex
+import shutil
 import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -92,9 +93,13 @@ class Harness(ABC):
             fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test processes install once
             done = prefix.with_name(prefix.name + ".done")  # beside the prefix: it is copied whole
             if not done.exists():
-                _npm_install(prefix, f"{self.package}@{self.version}")
+                self.install_into(prefix)
                 done.touch()
         return prefix
+
+    def install_into(self, prefix: Path) -> None:
+        """`npm install -g` the pinned package into `prefix` (the host's Node runs its install scripts)."""
+        npm_install_spec(prefix, f"{self.package}@{self.version}")
 
     def install_layer(self, client: Any, parent: str) -> str:
         """`parent` (an image with Node) plus this CLI: polar/cli:<hash>, built once per version."""
@@ -122,6 +127,11 @@ class Harness(ABC):
     @abstractmethod
     def shell_tool(self, cmd: str) -> dict[str, Any]:
         """The tool call (name, arguments) a model makes to have this harness run `cmd`."""
+
+    def end_tool(self) -> dict[str, Any] | None:
+        """The tool call that ends a run, for a harness that ends only by one (mini-swe-agent's submit);
+        None: it ends when the model answers without a tool call."""
+        return None
 
     def read_tool(self, path: str) -> dict[str, Any] | None:
         """The tool call that reads `path` first, for harnesses that refuse to change unread files."""
@@ -155,15 +165,19 @@ class Harness(ABC):
         return dataclasses.replace(self, **options)
 
 
-def _npm_install(prefix: Path, spec: str) -> None:
+def npm_install_spec(prefix: Path, spec: str, node: Path | None = None) -> None:
+    """`node`: another Node to run npm and the package's install scripts with (one the package requires)."""
+    npm = ["npm"] if node is None else [str(node), str(Path(shutil.which("npm") or "npm").resolve())]
+    env = None if node is None else {**os.environ, "PATH": f"{node.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     # Run inside the prefix: npm takes a spec such as `opencode-ai@1.2` for a path when a
     # directory of that name exists in its working directory.
     done = subprocess.run(
-        ["npm", "install", "-g", "--no-fund", "--no-audit", "--prefix", str(prefix), spec],
+        [*npm, "install", "-g", "--no-fund", "--no-audit", "--prefix", str(prefix), spec],
         check=False,
         capture_output=True,
         text=True,
         cwd=prefix,
+        env=env,
     )
     if done.returncode != 0:
         raise RuntimeError(f"npm install {spec} failed:\n{(done.stdout + done.stderr)[-3000:]}")

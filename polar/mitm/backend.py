@@ -1,6 +1,5 @@
-"""The upstream backend the gateway samples through, built from the `polar_upstream*`, tokenizer and template
-options: vLLM's chat API, or token-faithful prompts over it when a tokenizer is set; several upstream URLs make
-a fleet (polar/upstream/fleet/)."""
+"""The upstream backend the gateway samples through, built from the `polar_upstream*`, fleet, tokenizer and template
+options: one vLLM server or a fleet of replicas (polar/upstream/fleet), token-faithful when a tokenizer is set."""
 
 from __future__ import annotations
 

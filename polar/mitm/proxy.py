@@ -158,7 +158,7 @@ class BackgroundProxy:
 
         asyncio.run_coroutine_threadsafe(call(), self.master.event_loop).result(10)
 
-    def start(self, timeout: float = 30) -> str:
+    def start(self, timeout: float = 120) -> str:
         import socket
 
         if BackgroundProxy._running is not None:
@@ -198,7 +198,7 @@ class SubprocessProxy:
     def url(self) -> str:
         return f"http://{self.config.host}:{self.config.port}"
 
-    def start(self, timeout: float = 60) -> str:
+    def start(self, timeout: float = 120) -> str:
         self.launch()
         return self.wait_ready(timeout)
 
@@ -223,7 +223,7 @@ class SubprocessProxy:
 
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, **popen)
 
-    def wait_ready(self, timeout: float = 60) -> str:
+    def wait_ready(self, timeout: float = 120) -> str:
         import socket
 
         c = self.config

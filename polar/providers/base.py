@@ -107,9 +107,17 @@ class Provider[Ctx]:
         """The provider's error object (and any headers) for an error answered with `status`."""
         raise NotImplementedError
 
-    def render_models(self, models: list[str]) -> HttpReply:
+    def model_card(self, name: str, window: int | None) -> dict[str, Any]:
+        """One served model as this API describes it (`window`: the upstream's context length, when known)."""
+        raise NotImplementedError
+
+    def render_models(self, models: list[str], window: int | None = None) -> HttpReply:
         """The provider's model listing (GET …/models)."""
         raise NotImplementedError
+
+    def render_model(self, name: str, window: int | None = None) -> HttpReply:
+        """One model's card (GET …/models/{id}): polar serves every name it is asked for with its one model."""
+        return HttpReply.json(self.model_card(name, window))
 
 
 def bare_path(path: str) -> str:

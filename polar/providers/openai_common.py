@@ -40,10 +40,16 @@ def error_body(error: GatewayError) -> dict[str, Any]:
     return {"error": {"message": error.message, "type": etype, "param": error.param, "code": code}}
 
 
-def models_reply(models: list[str]) -> HttpReply:
-    created = now()
-    data = [{"id": m, "object": "model", "created": created, "owned_by": "polar"} for m in models]
-    return HttpReply.json({"object": "list", "data": data})
+def openai_model_card(name: str, window: int | None) -> dict[str, Any]:
+    """OpenAI's model object; `max_model_len` as vLLM adds it, which clients read as the context window."""
+    card: dict[str, Any] = {"id": name, "object": "model", "created": now(), "owned_by": "polar"}
+    if window:
+        card["max_model_len"] = window
+    return card
+
+
+def models_reply(models: list[str], window: int | None = None) -> HttpReply:
+    return HttpReply.json({"object": "list", "data": [openai_model_card(m, window) for m in models]})
 
 
 def deltas(text: str) -> list[str]:

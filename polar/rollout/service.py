@@ -86,7 +86,7 @@ class LocalNode:
 
     async def resume(self, policy_version: int | None) -> None:
         if (gateway := self._gateway()) is not None:
-            await asyncio.to_thread(gateway.resume_sampling, None if policy_version is None else str(policy_version))
+            await asyncio.to_thread(gateway.resume_sampling, policy_version)  # the gate labels calls with it
         self.node.resume(policy_version)
 
     async def in_flight_calls(self) -> int:

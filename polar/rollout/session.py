@@ -1,4 +1,5 @@
-"""What the pools do with one real session: sandbox, harness, capture, trajectories, reward.
+"""What the pools do with one real rollout session: sandbox, harness, capture, trajectories, reward. (The
+gateway's sessions — which session a call belongs to and its token state — are `polar/sessions/`.)
 
 INIT starts the sandbox (for Docker without a task image: an image with the harness's CLI, git,
 python3 and pytest, built once and cached), copies the repository in and records its state as a

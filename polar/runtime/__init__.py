@@ -1,7 +1,8 @@
 """Where harnesses run: sandboxes (Docker, Apptainer, or local processes) whose model calls reach polar.
 
 `Runtime.start(SandboxSpec)` gives a `Sandbox` for one session; see `base` for the interface,
-`docker_runtime` for transparent capture in containers, `images` for building their images.
+`docker_runtime` for transparent capture in containers, `images` for building their images. The files
+those images and networks are built from live in the repository's `runtimes/` (Dockerfiles, CNI config).
 """
 
 from polar.runtime.base import (

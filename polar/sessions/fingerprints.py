@@ -9,32 +9,41 @@ Messages are compared by a fingerprint of what the model conditions on — role,
 arguments re-serialised, strip whitespace, or drop earlier reasoning, none of which changes what
 the model sampled. Reasoning is left out of the fingerprint on purpose: the sampled reasoning
 tokens stay in the buffer even when a client drops them (that is the point of token-in).
+
+Tool-call ids count by their letters and digits only: some harnesses replay them normalised
+(OpenClaw on Chat and Gemini sends `call_ab12` back as `callab12`). The id pairs a call with its
+result; two ids of one conversation that differ only in punctuation do not occur in practice, and
+the sampled ids a matched turn stands for are kept whatever spelling the harness replays.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import orjson
 
 from polar.canonical import ChatRequest, ChatResult, Message, TextPart, ToolCall
 from polar.object_memo import ObjectMemo
 
+_ID_PUNCTUATION = re.compile(r"[^0-9A-Za-z]")
+
+
+def id_key(call_id: str | None) -> str | None:
+    """A tool-call id as fingerprints compare it: its letters and digits (None stays None)."""
+    return None if call_id is None else _ID_PUNCTUATION.sub("", call_id)
+
 
 def _calls_key(calls: list[ToolCall]) -> list:
-    out = []
-    for c in calls:
-        args = c.arguments_obj()
-        out.append([c.id, c.name, args])
-    return out
+    return [[id_key(c.id), c.name, c.arguments_obj()] for c in calls]
 
 
 def _fingerprint(msg: Message) -> str:
     if msg.role == "assistant":
         key = ["assistant", msg.text().strip(), _calls_key(msg.tool_calls)]
     else:
-        key = [msg.role, msg.text(), msg.tool_call_id, msg.is_error,
+        key = [msg.role, msg.text(), id_key(msg.tool_call_id), msg.is_error,
                [p.model_dump() for p in msg.content if p.type != "text"]]
     return _digest(key)
 

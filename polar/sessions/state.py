@@ -54,6 +54,16 @@ class Extension:
 
 
 @dataclass
+class Reappearance:
+    """A request holding an earlier turn's first `kept` messages, then that turn's answer, then new
+    messages: the harness moved or dropped what followed them (sessions/splice.py keeps the answer's ids)."""
+
+    turn: Turn
+    kept: int
+    new_messages: list[Message]
+
+
+@dataclass
 class SessionState:
     turns: list[Turn] = field(default_factory=list)
     # The last call's canonical messages (as stored JSON dicts), their content addresses and its row.
@@ -105,10 +115,34 @@ class SessionState:
             return None, reason
         return Extension(best, request.messages[len(best.message_keys) + 1 :]), ""
 
+    def reappearance(self, request: ChatRequest, keys: list[str]) -> Reappearance | None:
+        """The earlier turn whose answer this request repeats after the longest run of that turn's first
+        messages, when no turn is extended whole (the newest wins a tie)."""
+        context = request_context_key(request)
+        best: Reappearance | None = None
+        for turn in self.turns:
+            if turn.context_key != context:
+                continue
+            kept = _shared_run(keys, turn.message_keys)
+            if 0 < kept < len(turn.message_keys) and kept < len(keys) and keys[kept] == turn.answer_key:
+                if best is None or kept >= best.kept:
+                    best = Reappearance(turn, kept, request.messages[kept + 1 :])
+        return best
+
     def add(self, turn: Turn, keep: int) -> None:
         """Keep `turn`; turns whose ids it extends are dropped (they are its prefix)."""
         kept = [t for t in self.turns if not turn.ids.starts_with(t.ids)]
         self.turns = [*kept, turn][-keep:]
+
+
+def _shared_run(a: list[str], b: list[str]) -> int:
+    """How many leading keys the two lists share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)
@@ -142,6 +176,9 @@ class SessionView:
 
     def extension(self, request: ChatRequest) -> tuple[Extension | None, str]:
         return self.state.extension(request, self.keys)
+
+    def reappearance(self, request: ChatRequest) -> Reappearance | None:
+        return self.state.reappearance(request, self.keys)
 
 
 def new_turn(row: int, request: ChatRequest, keys: list[str], result: ChatResult, prompt=None,

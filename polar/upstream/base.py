@@ -45,6 +45,10 @@ class Backend(Protocol):
 
     async def count_tokens(self, request: ChatRequest) -> int: ...
 
+    async def context_length(self) -> int | None:
+        """The served model's context window, None when the upstream does not say (model listings and probes)."""
+        ...
+
     def template_traits(self) -> TemplateTraits | None:
         """What the served model's chat template accepts, when polar knows the template."""
         ...

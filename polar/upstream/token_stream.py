@@ -10,16 +10,23 @@ builds it (`TokenFaithful.result`), so the capture never depends on how the stre
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from polar.canonical import ChatRequest, ChatResult, Delta, ToolCallDelta
 from polar.errors import GatewayError
 from polar.tokens.stream_parse import IncrementalDecoder, TurnStream
-from polar.tokens.template import openai_tools
+from polar.tokens.template import ChatTemplate, openai_tools
 from polar.upstream.http import StreamRequest, response_json, take_batch
 
-if TYPE_CHECKING:
-    from polar.upstream.vllm_tokens import TokenFaithful
+
+class TokenFaithful(Protocol):
+    """What a stream needs of its backend (upstream/vllm_tokens.py, which imports this module): the template and
+    the turn built from the sampled ids."""
+
+    template: ChatTemplate
+
+    def result(self, request: ChatRequest, call_id: str, prompt_ids: Sequence[int], sampled: list[int],
+               logprobs: Any, finish: str, stop_reason: Any, version: Any, parsed: Any = None) -> ChatResult: ...
 
 
 class TokenStream:

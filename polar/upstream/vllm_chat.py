@@ -41,6 +41,7 @@ class VLLMChat:
         # The template vLLM serves with, when the user told polar (`polar_chat_template`): shaping uses it.
         self.chat_template = chat_template
         self._model = model
+        self._window: int | None = None
         self.http = UpstreamHTTP(base_url, api_key=api_key, timeout=timeout, max_connections=max_connections)
 
     async def aclose(self) -> None:
@@ -62,6 +63,15 @@ class VLLMChat:
             except (KeyError, IndexError, TypeError):
                 raise GatewayError("upstream_error", "the upstream's /v1/models lists no model") from None
         return self._model
+
+    async def context_length(self) -> int | None:
+        """The served model's context window (`max_model_len` on vLLM's listing), None when not listed."""
+        if self._window is None:
+            listing = await self.http.call("GET", "/v1/models")
+            cards = listing.get("data", []) if isinstance(listing, dict) else []
+            self._window = next((c["max_model_len"] for c in cards
+                                 if isinstance(c, dict) and isinstance(c.get("max_model_len"), int)), 0)
+        return self._window or None
 
     @functools.cached_property
     def _traits(self) -> TemplateTraits | None:

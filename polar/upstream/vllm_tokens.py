@@ -19,6 +19,7 @@ import numpy as np
 
 from polar.canonical import ChatRequest, ChatResult, Reasoning, Usage, holds_image
 from polar.errors import GatewayError
+from polar.sessions.splice import SPLICED, splice
 from polar.sessions.state import Extension, SessionView
 from polar.tokens.messages import to_openai_messages
 from polar.tokens.parsers import ParsedTurn
@@ -80,10 +81,15 @@ class TokenFaithful:
         """The prompt ids (a list, or an array when extended): the session's turn extended by the new messages, else the whole conversation
         rendered (and why)."""
         extension, reason = session.extension(request) if session else (None, "no session state")
+        spliced = ""
+        if extension is None and session is not None and (found := session.reappearance(request)):
+            # a turn the harness moved messages around (renders the kept history: off the event loop)
+            extension, why = await asyncio.to_thread(splice, found, request, self.template)
+            reason, spliced = (f"{reason}; {why}", "") if extension is None else (reason, f" ({SPLICED})")
         if extension is not None:
             prompt_ids, mode = self._extend(extension, request)
             if prompt_ids is not None:
-                return prompt_ids, mode
+                return prompt_ids, mode + spliced
             reason = mode
         return await asyncio.to_thread(self._render_all, request), f"re-render: {reason}"
 
@@ -111,11 +117,12 @@ class TokenFaithful:
 
     # -- sampling ----------------------------------------------------------------------------
 
+    async def context_length(self) -> int | None:
+        return await self.chat.context_length()
+
     async def _limit(self) -> int:
         if self._max_model_len is None:
-            listing = await self.chat.http.call("GET", "/v1/models")
-            cards = listing.get("data", []) if isinstance(listing, dict) else []
-            self._max_model_len = next((c.get("max_model_len") for c in cards if c.get("max_model_len")), 0) or 32768
+            self._max_model_len = await self.chat.context_length() or 32768
         return self._max_model_len
 
     async def _sampling_request(self, prompt_ids: Sequence[int], request: ChatRequest, stream: bool) -> tuple[str, dict]:

@@ -60,18 +60,21 @@ def test_bench_proxy_tiny(tokenizer_dir, capsys, monkeypatch):
 def test_rounds_interleave_the_targets_and_merge_into_one_cell(monkeypatch):
     """--rounds: each cell's requests in parts the targets take turns at (a host's burst falls on all alike),
     merged back into one cell per target: every latency, the time and the CPU summed."""
-    bench = load_script(monkeypatch, "bench_proxy")
+    load_script(monkeypatch, "bench_proxy")  # scripts/ on the path: the harness the benchmarks share
+    from benchkit import load
+    from benchkit import targets as kit
+
     order = []
 
     def measure(target, upstream, stream, clients, n):
         order.append((target.name, n))
         latency = 0.001 * (len(order))
         cpu = None if target.name == "direct" else 0.5
-        return bench.Cell(target.name, stream, clients, [latency] * n, [], 1.0, cpu, 0.25, cpu)
+        return load.Cell(target.name, stream, clients, [latency] * n, [], 1.0, cpu, 0.25, cpu)
 
-    monkeypatch.setattr(bench, "measure", measure)
-    targets = [bench.Target("direct", "", {}, {}), bench.Target("polar", "", {}, {})]
-    cells = bench.run_matrix(targets, None, [1, 64], [False], 300, rounds=3)
+    monkeypatch.setattr(load, "measure", measure)
+    targets = [kit.Target("direct", "", {}, {}), kit.Target("polar", "", {}, {})]
+    cells = load.run_matrix(targets, None, [1, 64], [False], 300, rounds=3)
     assert order[:6] == [("direct", 100), ("polar", 100)] * 3
     assert order[6:] == [("direct", 150), ("polar", 150)] * 2  # 64 clients: parts of at least two calls a client
     polar = cells[1]
@@ -96,7 +99,7 @@ def test_bench_ab_tiny(tokenizer_dir, capsys, monkeypatch):
     assert list(rounds) == ["direct", "0:HEAD", "1:."]
     assert all(len(cells) == 2 and all(c.ok == 5 and not c.errors for c in cells) for cells in rounds.values())
     assert "Δ added vs 0:HEAD" in out and "command: python scripts/bench_ab.py HEAD ." in out
-    listed = subprocess.run(["git", "-C", str(bench.core.REPO), "worktree", "list"], capture_output=True, text=True)
+    listed = subprocess.run(["git", "-C", str(bench.REPO), "worktree", "list"], capture_output=True, text=True)
     assert "polar-bench-ab-" not in listed.stdout
 
 

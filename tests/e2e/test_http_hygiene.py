@@ -60,7 +60,7 @@ def test_head_answers_are_bare_on_the_wire(stack):
     """Pipelined on one raw socket: each HEAD answer's blank line is followed directly by the next status line."""
     host, port = stack.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(b"HEAD /v1/models/nope HTTP/1.1\r\nHost: p\r\n\r\n"
+        sock.sendall(b"HEAD /v1/nope HTTP/1.1\r\nHost: p\r\n\r\n"
                      b"HEAD /v1/messages HTTP/1.1\r\nHost: p\r\nx-api-key: k\r\n\r\n"
                      b"GET / HTTP/1.1\r\nHost: p\r\n\r\n")
         data = b""

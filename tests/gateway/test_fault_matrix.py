@@ -12,7 +12,6 @@ import base64
 import os
 import resource
 import sqlite3
-import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 
 from polar.capture.reader import CaptureReader
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
+from tests.support.disk import fill, small_tmpfs
 
 REFUSED = "polar could not record this call"
 
@@ -49,11 +49,8 @@ def plain(double_server, tmp_path_factory):
 @pytest.fixture
 def small_disk(tmp_path):
     """A 24 MB tmpfs of its own: a real ENOSPC, not a simulated one."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], check=True)
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with small_tmpfs(tmp_path / "disk") as mnt:
+        yield mnt
 
 
 def _client(proxy) -> openai.OpenAI:
@@ -96,14 +93,7 @@ def test_disk_full(double_server, small_disk):
     db = small_disk / "captures.db"
     with _proxy(double_server[1], db) as proxy:
         before = _ask(proxy, "full")
-        filler = small_disk / "filler"
-        with open(filler, "wb") as f:  # fill what is left of the disk
-            try:
-                while True:
-                    f.write(b"\0" * (1 << 20))
-                    f.flush()
-            except OSError:
-                pass
+        filler = fill(small_disk)  # fill what is left of the disk
         # A small row may still fit the pages of the WAL presized at start-up; this one cannot.
         pad = {"extra_body": {"metadata": {"pad": _incompressible(5_000_000)}}}
         lost = _refused(proxy, "full", "full", **pad)

@@ -1,4 +1,4 @@
-"""A benchmark's servers (scripts/bench_proxy.py Service: upstream, polar, LiteLLM) die with the benchmark,
+"""A benchmark's servers (scripts/benchkit/targets.py Service: upstream, polar, LiteLLM) die with the benchmark,
 even one killed outright: left behind, they hold ports and CPU and skew the next run's figures."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ BENCH = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {scripts!r})
-import bench_proxy as core
-port = core.free_port()
-server = core.Service("server", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+from benchkit import targets
+port = targets.free_port()
+server = targets.Service("server", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
                       f"http://127.0.0.1:{{port}}/", Path({log!r})).start()
 print(server.proc.pid, flush=True)
 time.sleep(600)

@@ -60,14 +60,16 @@ class DoubleProcess:
 class InProcessDouble:
     """The double in this process (cheaper to start than a process; it cannot be killed as one)."""
 
-    def __init__(self, tokenizer_dir: Path):
+    def __init__(self, tokenizer_dir: Path | None = None, url: str | None = None):
+        """A new one, or (`url`) one already running, as the suite's shared `double_server`."""
         from polar.doubles.scripted_vllm import BackgroundServer, ScriptedVLLM
 
-        self.server = BackgroundServer(ScriptedVLLM(tokenizer_dir, "polar-tiny").app)
-        self.url = self.server.start()
+        self.server = None if url else BackgroundServer(ScriptedVLLM(tokenizer_dir, "polar-tiny").app)
+        self.url = url or self.server.start()
 
     def post(self, what: str, body: dict) -> None:
         httpx.post(f"{self.url}/_double/{what}", json=body, timeout=10).raise_for_status()
 
     def kill(self) -> None:
-        self.server.stop()
+        if self.server is not None:  # (a shared one is left running)
+            self.server.stop()

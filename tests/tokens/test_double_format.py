@@ -75,3 +75,102 @@ def test_template_switches_at_run_time(double_server, load):
     finally:
         httpx.post(f"{url}/_double/template", json={"chat_template": None}).raise_for_status()
     assert httpx.get(f"{url}/_double/template").json()["family"] == "qwen3_xml"  # the tokenizer's own again
+
+
+# The other families polar parses in token-faithful mode, on their real templates with stand-in vocabularies
+# (tests/support/stand_in.py). GLM is left out: token-faithful mode refuses it (no end-of-turn token after an answer).
+FAMILY_LABELS = {"llama-3.3": "llama3_json", "deepseek-v3.1": "deepseek_v31", "kimi-k2": "kimi_k2",
+                 "minimax-m2": "minimax_m2"}
+# Llama-3's answer is text or calls, one call a turn (its template refuses parallel calls).
+LLAMA_STEPS = [Step(content="", tool_calls=STEPS[0].tool_calls), STEPS[2]]
+# DeepSeek-V3.1 writes `<think></think>` for every earlier turn: its sampled reasoning never renders back.
+DROPS_REASONING = {"deepseek-v3.1"}
+
+
+@pytest.fixture(scope="module")
+def family_format(tokenizer_dir):
+    from polar.tokens.template import ChatTemplate
+    from tests.conftest import family_template
+    from tests.support.stand_in import END_TOKENS, stand_in_tokenizer
+
+    made: dict[str, tuple[ChatTemplate, ModelFormat]] = {}
+
+    def get(label: str) -> tuple[ChatTemplate, ModelFormat]:
+        if label not in made:
+            text, family = family_template(label).read_text(), FAMILY_LABELS[label]
+            tok = stand_in_tokenizer(tokenizer_dir, family)
+            ct = ChatTemplate(tok, text, eos_token_ids=[tok.convert_tokens_to_ids(END_TOKENS[family][0])], name=label)
+            made[label] = ct, ModelFormat.for_template(text)
+        return made[label]
+
+    return get
+
+
+FAMILY_CASES = [(label, step, thinking) for label in FAMILY_LABELS for thinking in (True, False)
+                for step in (LLAMA_STEPS if label == "llama-3.3" else STEPS)]
+
+
+@pytest.mark.parametrize("label,step,thinking", FAMILY_CASES, ids=lambda v: v if isinstance(v, str) else None)
+def test_family_sample_parses_and_renders_back(family_format, label, step, thinking):
+    """What the double samples, read by polar's family parser, is the scripted answer; the real template renders
+    that answer back as exactly the sample and its end-of-turn token."""
+    from polar.tokens.parsers import parse_turn
+
+    ct, fmt = family_format(label)
+    assert fmt.family == FAMILY_LABELS[label] and fmt.end_of_turn == ct.end_of_turn
+    conversation = [{"role": "system", "content": "Be brief."}, *CONVERSATION[1:]]
+    prompt = ct.render(conversation, TOOLS, True, thinking)
+    sample = fmt.completion(step, prompt)
+    think_open = fmt.reasoning_mode(prompt) == "open"
+    turn = parse_turn(sample + fmt.end_of_turn, fmt.family, think_open=think_open, finish_reason="stop", tools=TOOLS)
+    assert not turn.malformed
+    assert [(c.name, json.loads(c.arguments)) for c in turn.tool_calls] == [
+        (c["name"], c["arguments"]) for c in step.tool_calls]
+    assert turn.content == step.content
+    assert turn.reasoning == (step.reasoning if think_open else None)
+    assert think_open is (label == "minimax-m2" or (thinking and label == "deepseek-v3.1"))  # MiniMax always thinks
+    assert fmt.parse(sample, prompt, TOOLS)[1:] == (turn.content, [
+        {"name": c.name, "arguments": c.arguments} for c in turn.tool_calls])  # the double's chat endpoint reads it so
+    message = {"role": "assistant", "content": turn.content, "tool_calls": [
+        {"id": f"c{i}", "type": "function", "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+        for i, c in enumerate(turn.tool_calls)]}
+    if turn.reasoning is not None:
+        message["reasoning_content"] = turn.reasoning
+    whole = ct.render([*conversation, message], TOOLS, False, thinking)
+    if think_open and label in DROPS_REASONING:
+        prompt, sample = prompt.removesuffix(fmt_think(fmt)), sample[sample.index("</think>") :]
+        prompt += "<think>"
+    assert whole.startswith(prompt + sample + fmt.end_of_turn), (whole[len(prompt) :], sample)
+    ids = ct.encode(sample + fmt.end_of_turn)
+    assert ids[-1] == ct.end_of_turn_id and ct.decode(ids) == sample + fmt.end_of_turn
+
+
+def fmt_think(fmt: ModelFormat) -> str:
+    from polar.doubles.family_writers import WRITERS
+
+    return WRITERS[fmt.family].think_open
+
+
+def test_double_answers_a_family_chat_call(tokenizer_dir, tmp_path):
+    """The double's chat endpoint on Kimi-K2's real template: the prompt and the sample in Kimi's own tokens, the
+    answer read by polar's Kimi parser; a streamed chat call is refused by name (deltas.py cuts Qwen's only)."""
+    from starlette.testclient import TestClient
+
+    from polar.doubles.scripted_vllm import ScriptedVLLM
+    from tests.conftest import family_template
+    from tests.support.stand_in import stand_in_dir
+
+    vocab = stand_in_dir(tokenizer_dir, tmp_path / "vocab", "kimi_k2")
+    double = ScriptedVLLM(vocab, chat_template=family_template("kimi-k2"))
+    double.script = type(double.script).from_json({"steps": [STEPS[1].__dict__]})
+    body = {"messages": CONVERSATION, "tools": TOOLS, "return_token_ids": True}
+    with TestClient(double.app) as client:
+        answer = client.post("/v1/chat/completions", json=body).json()
+        refused = client.post("/v1/chat/completions", json={**body, "stream": True})
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Checking both."
+    assert [json.loads(c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [
+        c["arguments"] for c in STEPS[1].tool_calls]
+    assert choice["token_ids"][-1] == double.tokenizer.convert_tokens_to_ids("<|im_end|>") == double.eos_id
+    assert double.tokenizer.decode(choice["token_ids"]).startswith("Checking both.<|tool_calls_section_begin|>")
+    assert refused.status_code == 400 and "kimi_k2 answers stream through the token-in endpoints" in refused.text

@@ -14,16 +14,11 @@ import pytest
 from polar.tokens.families import detect
 from polar.tokens.template import ChatTemplate
 from tests.conftest import family_template
-from tests.tokens.parser_corpus import SPECIAL_TOKENS
+from tests.support.stand_in import END_TOKENS, stand_in_tokenizer
 from tests.tokens.test_template import SHAPES, TOOLS, shape
 
-# The stop tokens each family's generation config names (what ends a sampled turn).
-END_TOKENS = {"glm45": ["<|user|>", "<|observation|>", "<|endoftext|>"], "minimax_m2": ["[e~["],
-              "deepseek_v31": ["<｜end▁of▁sentence｜>"], "deepseek_dsml": ["<｜end▁of▁sentence｜>"],
-              "deepseek_v4": ["<｜end▁of▁sentence｜>"], "kimi_k2": ["<|im_end|>"], "qwen3_xml": ["<|im_end|>"],
-              "llama3_json": ["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"],
-              "mistral": ["</s>"]}
-CONTINUES = ["deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "kimi-k2", "minimax-m2", "nemotron-3-nano", "llama-3.3", "devstral"]
+CONTINUES = ["deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "kimi-k2", "minimax-m2", "nemotron-3-nano", "llama-3.3",
+             "devstral"]
 # Where the template's history rules re-render the sampled turn differently once a user message follows
 # (its reasoning is dropped): the token-faithful prompt keeps what was sampled, a re-render would not.
 REWRITES_HISTORY = {("deepseek-v3.2", "user_after_tools"), ("minimax-m2", "user_after_tools"),
@@ -32,16 +27,13 @@ REWRITES_HISTORY = {("deepseek-v3.2", "user_after_tools"), ("minimax-m2", "user_
 
 @pytest.fixture(scope="module")
 def stand_in(tokenizer_dir):
-    from transformers import AutoTokenizer
-
     made: dict[str, ChatTemplate] = {}
 
     def get(label: str) -> ChatTemplate:
         if label not in made:
             text = family_template(label).read_text()
             family = detect(text).parser
-            tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-            tok.add_tokens(SPECIAL_TOKENS.get(family, []) + END_TOKENS[family], special_tokens=True)
+            tok = stand_in_tokenizer(tokenizer_dir, family)
             ends = [tok.convert_tokens_to_ids(t) for t in END_TOKENS[family]]
             made[label] = ChatTemplate(tok, text, eos_token_ids=ends, name=label)
         return made[label]

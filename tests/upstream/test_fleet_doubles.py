@@ -48,10 +48,10 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(tokenizer_dir, tmp_path_factory):
+def fleet(tokenizer_dir, double_server, tmp_path_factory):
     killable = DoubleProcess(tokenizer_dir)  # the one the kill test kills: a process of its own
     killable.launch()
-    doubles = [InProcessDouble(tokenizer_dir), InProcessDouble(tokenizer_dir), killable]
+    doubles = [InProcessDouble(url=double_server[1]), InProcessDouble(tokenizer_dir), killable]
     killable.wait_ready()
     db = tmp_path_factory.mktemp("fleet") / "captures.db"
     proxy = SubprocessProxy(ProxyConfig(upstream=",".join(d.url for d in doubles), db=str(db), port=free_port(),

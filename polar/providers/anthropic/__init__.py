@@ -65,19 +65,22 @@ class AnthropicMessages(Provider[AnthropicContext]):
         request_id = new_id("req_")
         return {"type": "error", "error": error_object(error), "request_id": request_id}, {"request-id": request_id}
 
-    def render_models(self, models: list[str]) -> HttpReply:
+    def model_card(self, name: str, window: int | None) -> dict[str, Any]:
         created = datetime.fromtimestamp(now(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        data = [
-            {"type": "model", "id": m, "display_name": m, "created_at": created, "lifecycle": "active"} for m in models
-        ]
+        card: dict[str, Any] = {"type": "model", "id": name, "display_name": name, "created_at": created,
+                                "lifecycle": "active"}
+        if window:
+            card["max_input_tokens"] = window
+        return card
+
+    def render_models(self, models: list[str], window: int | None = None) -> HttpReply:
         return HttpReply.json(
             {
-                "data": data,
+                "data": [self.model_card(m, window) for m in models],
                 "has_more": False,
                 "first_id": models[0] if models else None,
                 "last_id": models[-1] if models else None,
             }
         )
-
 
 __all__ = ["AnthropicContext", "AnthropicMessages"]

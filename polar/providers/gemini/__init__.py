@@ -40,7 +40,7 @@ _PUBLIC_PATH = re.compile(
 )
 _CODE_ASSIST_PATH = re.compile(r"^/v1internal:(?P<method>generateContent|streamGenerateContent|countTokens)$")
 
-# Nominal limits for the model listing: the interface passes model names only.
+# Nominal limits for the model listing, where the upstream's context length is not known.
 _INPUT_TOKEN_LIMIT = 1_048_576
 _OUTPUT_TOKEN_LIMIT = 65_536
 
@@ -97,19 +97,17 @@ class GeminiGenerate(Provider[GeminiContext]):
     def error_body(self, error: GatewayError, status: int) -> tuple[dict, dict[str, str]]:
         return {"error": error_object(error, status)}, {}
 
-    def render_models(self, models: list[str]) -> HttpReply:
-        listing = [
-            {
-                "name": f"models/{m}",
-                "displayName": m,
-                "supportedGenerationMethods": ["generateContent", "countTokens"],
-                "inputTokenLimit": _INPUT_TOKEN_LIMIT,
-                "outputTokenLimit": _OUTPUT_TOKEN_LIMIT,
-            }
-            for m in models
-        ]
-        return HttpReply.json({"models": listing})
+    def model_card(self, name: str, window: int | None) -> dict[str, Any]:
+        return {
+            "name": f"models/{model_name(name)}",
+            "displayName": model_name(name),
+            "supportedGenerationMethods": ["generateContent", "countTokens"],
+            "inputTokenLimit": window or _INPUT_TOKEN_LIMIT,
+            "outputTokenLimit": _OUTPUT_TOKEN_LIMIT,
+        }
 
+    def render_models(self, models: list[str], window: int | None = None) -> HttpReply:
+        return HttpReply.json({"models": [self.model_card(m, window) for m in models]})
 
 __all__ = ["GeminiContext", "GeminiGenerate", "GeminiRoute"]
 

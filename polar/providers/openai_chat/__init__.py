@@ -31,7 +31,7 @@ from polar.providers.history import History
 from polar.providers.openai_chat.parse import ChatContext, parse_request
 from polar.providers.openai_chat.render import completion
 from polar.providers.openai_chat.stream import ChatStream
-from polar.providers.openai_common import error_body, models_reply
+from polar.providers.openai_common import error_body, models_reply, openai_model_card
 from polar.providers.stream import replay
 
 
@@ -60,8 +60,11 @@ class OpenAIChat(Provider[ChatContext]):
     def error_body(self, error: GatewayError, status: int) -> tuple[dict, dict[str, str]]:
         return error_body(error), {}
 
-    def render_models(self, models: list[str]) -> HttpReply:
-        return models_reply(models)
+    def model_card(self, name: str, window: int | None) -> dict[str, Any]:
+        return openai_model_card(name, window)
+
+    def render_models(self, models: list[str], window: int | None = None) -> HttpReply:
+        return models_reply(models, window)
 
 
 __all__ = ["ChatContext", "OpenAIChat"]

@@ -38,7 +38,7 @@ from polar.canonical import ChatRequest, ChatResult
 from polar.errors import GatewayError
 from polar.providers.base import HttpReply, Parsed, Provider, Route, bare_path
 from polar.providers.history import History
-from polar.providers.openai_common import error_body, models_reply
+from polar.providers.openai_common import error_body, models_reply, openai_model_card
 from polar.providers.openai_responses.parse import ResponsesContext, parse_request
 from polar.providers.openai_responses.render import output_items, response_object
 from polar.providers.openai_responses.stream import ResponsesStream
@@ -78,8 +78,11 @@ class OpenAIResponses(Provider[ResponsesContext]):
     def error_body(self, error: GatewayError, status: int) -> tuple[dict, dict[str, str]]:
         return error_body(error), {}
 
-    def render_models(self, models: list[str]) -> HttpReply:
-        return models_reply(models)
+    def model_card(self, name: str, window: int | None) -> dict[str, Any]:
+        return openai_model_card(name, window)
+
+    def render_models(self, models: list[str], window: int | None = None) -> HttpReply:
+        return models_reply(models, window)
 
 
 __all__ = ["OpenAIResponses", "ResponsesContext"]

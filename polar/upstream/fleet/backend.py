@@ -98,6 +98,11 @@ class FleetBackend:
         replica = next((r for r in self.replicas if r.up), self.replicas[0])
         return await replica.backend.count_tokens(request)
 
+    async def context_length(self) -> int | None:
+        """The served window, for model listings and probes (every replica serves the same model)."""
+        replica = next((r for r in self.replicas if r.up), self.replicas[0])
+        return await replica.backend.context_length()
+
     async def aclose(self) -> None:
         await self.prober.aclose()
         await asyncio.gather(*(r.backend.aclose() for r in self.replicas))
@@ -188,32 +193,34 @@ class FleetStream:
         self._yielded = False  # text (or a tool call) went toward the client: no retry from then on
 
     async def start(self, replica: Replica) -> None:
+        """Send the call to `replica` (on its refusal, once to another). The stream, its replica and its share of
+        the load change together: what a failed start leaves is the stream before it, with its own replica."""
         while True:
-            self.replica, self._held = replica, replica.hold(self.shape.tokens)
+            held = replica.hold(self.shape.tokens)
             try:
-                self.inner = await replica.backend.stream(self.request, self.call_id, self.session)
-                return
+                inner = await replica.backend.stream(self.request, self.call_id, self.session)
             except GatewayError as err:
-                self._release()
+                held.release()
                 retry = self.fleet._retry(self.shape, replica, err, self.failovers)
                 if retry is None:
                     raise
                 replica = retry
+                continue
+            self.replica, self.inner, self._held = replica, inner, held
+            return
 
     async def _switch(self, err: GatewayError) -> bool:
         """The replica failed the call before the client saw any of it: start it on another (once)."""
         assert self.replica is not None and self.inner is not None
-        retry = None if self._yielded else self.fleet._retry(self.shape, self.replica, err, self.failovers)
+        if self._yielded:  # the client has part of the answer: it gets the error (the replica may still go out)
+            self.fleet._failed(self.replica, err)
+            return False
+        retry = self.fleet._retry(self.shape, self.replica, err, self.failovers)
         if retry is None:
-            err.replica = err.replica or self.replica.url
             return False
         await self.inner.aclose()
         self._release()
-        try:
-            await self.start(retry)
-        except GatewayError as again:
-            again.replica = again.replica or retry.url
-            raise
+        await self.start(retry)  # (its failure names its replica: fleet._failed)
         return True
 
     @property

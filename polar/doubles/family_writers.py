@@ -1,0 +1,97 @@
+"""How the non-Qwen families polar parses write a turn, for the scripted double (model_format.py holds Qwen's).
+
+Each writer produces exactly what the family's real template renders for that assistant turn (the tests render the
+double's samples back with the real templates: tests/tokens/test_double_format.py), so a token-faithful test on such
+a template measures polar, not the double:
+
+- Llama-3.x (`llama3_json`): no reasoning; an answer is text, or the calls alone as
+  `{"name": N, "parameters": {...}}` (several joined by "; ", which the template itself refuses to render).
+- DeepSeek-V3.1 (`deepseek_v31`): after an open `<think>` the reasoning, then `</think>`; text; then
+  `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>N<｜tool▁sep｜>{json}<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>`.
+- Kimi-K2 (`kimi_k2`): text, then `<|tool_calls_section_begin|>` with `<|tool_call_begin|>functions.N:I`
+  `<|tool_call_argument_begin|>{json}<|tool_call_end|>` per call (I: its index in the turn).
+- MiniMax-M2 (`minimax_m2`): after an open `<think>\\n` the reasoning, `\\n</think>\\n\\n`; text; then
+  `\\n<minimax:tool_call>\\n<invoke name="N">\\n<parameter name="K">V</parameter>\\n…</invoke>\\n</minimax:tool_call>`.
+
+The double's chat endpoint reads these answers back with polar's own family parser (polar/tokens/formats/), standing
+in for vLLM's (tests/tokens/test_vllm_parser_agreement.py holds the two to the same answers).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from polar.doubles.script import Step
+
+
+def _json(args: Any) -> str:
+    """Arguments as the templates' `tojson` writes them (", " and ": "); a string is the model's own text."""
+    if isinstance(args, str):
+        return args if args.strip() else "{}"
+    return json.dumps(args or {}, ensure_ascii=False)
+
+
+def _llama(step: Step) -> str:
+    if step.tool_calls and step.content:
+        raise ValueError("a Llama-3 answer is text or tool calls, never both (its template drops the text)")
+    return step.content or "; ".join(
+        '{"name": "' + c["name"] + '", "parameters": ' + _json(c.get("arguments")) + "}" for c in step.tool_calls)
+
+
+def _deepseek_v31(step: Step) -> str:
+    if not step.tool_calls:
+        return step.content
+    calls = "".join(f"<｜tool▁call▁begin｜>{c['name']}<｜tool▁sep｜>{_json(c.get('arguments'))}<｜tool▁call▁end｜>"
+                    for c in step.tool_calls)
+    return f"{step.content}<｜tool▁calls▁begin｜>{calls}<｜tool▁calls▁end｜>"
+
+
+def _kimi_k2(step: Step) -> str:
+    if not step.tool_calls:
+        return step.content
+    calls = "".join(f"<|tool_call_begin|>functions.{c['name']}:{i}<|tool_call_argument_begin|>"
+                    f"{_json(c.get('arguments'))}<|tool_call_end|>" for i, c in enumerate(step.tool_calls))
+    return f"{step.content}<|tool_calls_section_begin|>{calls}<|tool_calls_section_end|>"
+
+
+def _minimax_m2(step: Step) -> str:
+    if not step.tool_calls:
+        return step.content
+    out = step.content + "\n<minimax:tool_call>\n"
+    for call in step.tool_calls:
+        args = call.get("arguments") or {}
+        args = json.loads(args) if isinstance(args, str) and args.strip() else args or {}
+        out += f'<invoke name="{call["name"]}">\n'
+        for key, value in args.items():
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            out += f'<parameter name="{key}">{text}</parameter>\n'
+        out += "</invoke>\n"
+    return out + "</minimax:tool_call>"
+
+
+@dataclass(frozen=True)
+class Writer:
+    body: Callable[[Step], str]  # the text and the calls, after any reasoning
+    end_of_turn: str  # the stop token the model samples at the end of its turn
+    turn_open: str  # what opens each assistant turn in a prompt ("" : `turn_close` counts the turns)
+    think_open: str = ""  # a prompt ending so opened the reasoning block ("": the family writes none)
+    think_close: str = ""  # what the model writes after its reasoning
+    turn_close: str = ""  # counted when the template writes no `turn_open` after a tool result
+
+
+WRITERS: dict[str, Writer] = {
+    "llama3_json": Writer(_llama, "<|eot_id|>", "<|start_header_id|>assistant<|end_header_id|>"),
+    "deepseek_v31": Writer(_deepseek_v31, "<｜end▁of▁sentence｜>", "", "<think>", "</think>",
+                           turn_close="<｜end▁of▁sentence｜>"),
+    "kimi_k2": Writer(_kimi_k2, "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>"),
+    "minimax_m2": Writer(_minimax_m2, "[e~[", "]~b]ai\n", "<think>\n", "\n</think>\n\n"),
+}
+
+
+def turns_sampled(writer: Writer, prompt_text: str) -> int:
+    """How many assistant turns the prompt already holds (the script's step index)."""
+    if writer.turn_open:
+        return max(prompt_text.count(writer.turn_open) - 1, 0)
+    return prompt_text.count(writer.turn_close)
