@@ -37,6 +37,8 @@ def main() -> None:
     out = []
     for sample in corpus:
         specials = tuple(sample["special_tokens"])
+        if sample["tool_parser"] == "mistral" and "[ARGS]" not in specials and specials not in tokenizers:
+            tokenizers[specials] = _tekken()
         if specials not in tokenizers:
             tok = AutoTokenizer.from_pretrained(opts.tokenizer)
             tok.add_tokens(list(specials), special_tokens=True)
@@ -49,6 +51,10 @@ def main() -> None:
         result: dict = {"id": sample["id"]}
         try:
             text = sample["text"]
+            if sample["tool_parser"] == "openai":
+                result.update(_harmony(text, tok, request, sample["reasoning_parser"]))
+                out.append(result)
+                continue
             if sample["reasoning_parser"]:
                 rp = ReasoningParserManager.get_reasoning_parser(sample["reasoning_parser"])(
                     tok, chat_template_kwargs=request.chat_template_kwargs)
@@ -65,6 +71,36 @@ def main() -> None:
             result["traceback"] = traceback.format_exc(limit=3)
         out.append(result)
     json.dump(out, open(opts.out, "w"), ensure_ascii=False, indent=1)
+
+
+def _tekken() -> object:
+    """The real Mistral vocabulary mistral-common ships (a v3 tekken file: `[TOOL_CALLS]`, no `[ARGS]`, so vLLM's
+    `mistral` parser reads the older `[TOOL_CALLS][{...}]` calls), as vLLM's MistralTokenizer, from no hub."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import mistral_common
+    from vllm.tokenizers.mistral import MistralTokenizer
+
+    folder = Path(tempfile.mkdtemp())
+    shutil.copy(Path(mistral_common.__file__).parent / "data" / "tekken_240911.json", folder / "tekken.json")
+    return MistralTokenizer.from_pretrained(str(folder))
+
+
+def _harmony(text: str, tok: object, request: object, reasoning_parser: str) -> dict:
+    """gpt-oss: vLLM serves it with its HarmonyParser (the `openai` tool parser is a stub that says so), which reads
+    token ids by openai_harmony's own embedded o200k_harmony encoding (offline); the sampled text is encoded by it."""
+    from vllm.entrypoints.openai.parser.harmony_utils import get_encoding
+    from vllm.parser.parser_manager import ParserManager
+
+    parser_cls = ParserManager.get_parser(tool_parser_name="openai", reasoning_parser_name=reasoning_parser,
+                                          enable_auto_tools=True, model_name="gpt-oss", is_harmony=True)
+    ids = get_encoding().encode(text, allowed_special="all")
+    reasoning, content, calls = parser_cls(tok, request.tools).parse(text, request, enable_auto_tools=True,
+                                                                     model_output_token_ids=ids)
+    return {"reasoning": reasoning, "content": content,
+            "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls or []]}
 
 
 if __name__ == "__main__":

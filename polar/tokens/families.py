@@ -27,14 +27,19 @@ class Family:
     signs: tuple[str, ...]  # all appear in the template text
     calls: str  # what a tool call looks like, for people
     absent: tuple[str, ...] = ()  # none appears (what a look-alike family's template writes)
+    no_continuation: str = ""  # why polar parses the family's output but cannot continue it token-faithfully
 
     def matches(self, template_text: str) -> bool:
         return all(s in template_text for s in self.signs) and not any(s in template_text for s in self.absent)
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("gpt-oss", "", "gpt-oss (harmony)", "openai", "openai_gptoss", ("<|channel|>", "<|call|>", "<|start|>"),
-           "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>"),
+    Family("gpt-oss", "harmony", "gpt-oss (harmony)", "openai", "openai_gptoss", ("<|channel|>", "<|call|>", "<|start|>"),
+           "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>",
+           no_continuation="its template writes a tool result as from the calling turn's function "
+           "(`<|start|>functions.NAME to=assistant`), so new messages cannot be rendered on their own, and it rewrites "
+           "sampled turns in history (a final answer's `<|return|>` becomes `<|end|>`, the analysis before it is "
+           "dropped once a later turn follows)"),
     Family("deepseek-v3.2", "deepseek_dsml", "DeepSeek-V3.2", "deepseek_v32", "deepseek_v3", ("'｜DSML｜'", "function_calls"),
            "<｜DSML｜function_calls><｜DSML｜invoke name=NAME><｜DSML｜parameter name=K string=…>V…"),
     Family("deepseek-v4", "deepseek_v4", "DeepSeek-V4", "deepseek_v4", "deepseek_v4", ("'｜DSML｜'", "tool_calls"),
@@ -60,7 +65,7 @@ FAMILIES: tuple[Family, ...] = (
     # functionary's Llama-based templates write their own calls (`<function=NAME>`, `>>>NAME`).
     Family("llama3-json", "llama3_json", "Llama-3.1, 3.2, 3.3", "llama3_json", "", ("<|start_header_id|>", "<|eot_id|>", "parameters"),
            '{"name": NAME, "parameters": {...}} (or after <|python_tag|>)', ("<function=", ">>>")),
-    Family("mistral", "", "Mistral-Small, Devstral", "mistral", "mistral", ("[TOOL_CALLS]", "[INST]"),
+    Family("mistral", "mistral", "Mistral-Small, Devstral", "mistral", "mistral", ("[TOOL_CALLS]", "[INST]"),
            "[TOOL_CALLS]NAME[ARGS]{json} (older: [TOOL_CALLS][{...}])"),
 )  # fmt: skip
 
@@ -86,6 +91,9 @@ def token_faithful_problem(template_text: str, label: str = "the chat template")
         return (f"{label} is {family.name} ({family.models}), whose output polar cannot parse yet; token-faithful "
                 f"mode parses: {', '.join(f.name for f in FAMILIES if f.parser)}. Run chat mode (no tokenizer: "
                 f"vLLM's `{family.tool_parser}` parser reads it)")
+    if family.no_continuation:
+        return (f"{label} is {family.name} ({family.models}): polar parses its output but cannot continue it "
+                f"token-faithfully: {family.no_continuation}. Run chat mode (no tokenizer: vLLM renders and parses)")
     error = render_error(template_text)
     if error:
         return (f"{label} is {family.name} ({family.models}), but transformers' renderer (vLLM's too) cannot "
@@ -109,8 +117,9 @@ def render_error(template_text: str) -> str | None:
     from transformers.utils.chat_template_utils import render_jinja_template
 
     try:
+        # vLLM renders with the tokenizer's special tokens defined (Mistral-Small-3.2's template writes eos_token)
         render_jinja_template(conversations=[_CHECK_MESSAGES], tools=[_CHECK_TOOL], chat_template=template_text,
-                              add_generation_prompt=False)
+                              add_generation_prompt=False, bos_token="<s>", eos_token="</s>")
     except Exception as exc:  # noqa: BLE001 - a sandbox SecurityError, raise_exception(), undefined attributes
         return f"{type(exc).__name__}: {exc}"
     return None

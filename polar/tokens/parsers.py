@@ -12,9 +12,11 @@ from typing import Any
 from polar.tokens.families import detect
 from polar.tokens.formats.deepseek import DeepSeekDsmlParser, DeepSeekV4Parser, DeepSeekV31Parser
 from polar.tokens.formats.glm import GlmParser
+from polar.tokens.formats.harmony import HarmonyParser
 from polar.tokens.formats.kimi import KimiK2Parser
 from polar.tokens.formats.llama import Llama3JsonParser
 from polar.tokens.formats.minimax import MiniMaxM2Parser
+from polar.tokens.formats.mistral import MistralParser
 from polar.tokens.formats.qwen import Qwen3JsonParser, Qwen3XmlParser
 from polar.tokens.turn_parser import (
     THINK_END,
@@ -36,7 +38,8 @@ PARSERS: dict[str, TurnParser] = {
     "qwen3": Qwen3JsonParser(),
     "qwen3_xml": Qwen3XmlParser(),
     **{p.name: p for p in (GlmParser(), MiniMaxM2Parser(), DeepSeekV31Parser(), DeepSeekDsmlParser(), DeepSeekV4Parser(),
-                           KimiK2Parser(), Llama3JsonParser())},
+                           KimiK2Parser(), Llama3JsonParser(), HarmonyParser(),
+                           MistralParser())},
     "plain": TurnParser(),
 }
 

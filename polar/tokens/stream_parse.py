@@ -73,6 +73,8 @@ class TurnStream:
         self._tags = (start, end) if start and end else None
         # A family whose calls are the whole answer (Llama's JSON): the answer is held while it may be calls.
         self._answer: list[str] | None = [] if getattr(self._parser, "whole_answer", False) else None
+        # A family whose turn is a run of messages (gpt-oss's harmony) reads it with its own reader, after stage 2.
+        self._reader = self._parser.reader(tools, self._read) if hasattr(self._parser, "reader") else None
         self._fed: list[str] = []
         self._out: list[Delta] = []
         self._sent: list[ToolCallDelta] = []  # the calls streamed so far
@@ -110,7 +112,9 @@ class TurnStream:
         if not self._stopped:  # a partial stop string at the end is text
             self._end_text(self._cut_hold)
         self._split(self._parser._without_stop_text(self._end_hold))
-        if self._mode == "lead":  # whitespace and a partial <think>: the turn has no reasoning
+        if self._reader is not None:
+            self._reader.finish(finish_reason == "length")
+        elif self._mode == "lead":  # whitespace and a partial <think>: the turn has no reasoning
             self._mode = "content"
             self._calls("".join(self._lead))
         elif self._mode == "think" and self._tag:  # never closed: reasoning to the end, newlines stripped
@@ -157,6 +161,8 @@ class TurnStream:
         """Stage 3: reasoning, as `_split_reasoning`."""
         if not text:
             return
+        if self._reader is not None:
+            return self._reader.feed(text)
         if self._mode == "lead":
             self._lead.append(text)
             if text.isspace() and self._lead[0].isspace():  # only whitespace yet: wait, cheaply
@@ -246,6 +252,14 @@ class TurnStream:
                 self._sent.append(ToolCallDelta(len(self._sent), arguments, parsers.new_call_id(), name))
                 self._out.append(self._sent[-1])
         return body[cut + len(end) :]
+
+    def _read(self, kind: str, payload: Any) -> None:
+        """What a family's own reader settles (stage 3 to 5 in one)."""
+        if kind == "call":
+            self._sent.append(ToolCallDelta(len(self._sent), payload[1], parsers.new_call_id(), payload[0]))
+            self._out.append(self._sent[-1])
+        else:
+            self._emit(ReasoningDelta if kind == "reasoning" else TextDelta, payload)
 
     def _content(self, text: str) -> None:
         """Stage 5: content runs between calls, joined as `_join_runs`."""

@@ -31,7 +31,8 @@ TOOLS = [
 ]  # fmt: skip
 # The labels (tests/conftest.py FAMILY_TEMPLATES) whose template transformers renders, one per family polar parses.
 CORPUS_TEMPLATES = ("qwen3", "qwen3.5", "nemotron-3-nano", "glm-4.6", "glm-4.7", "deepseek-v3.1", "deepseek-v3.2",
-                    "deepseek-v4", "kimi-k2", "minimax-m2", "llama-3.3")
+                    "deepseek-v4", "kimi-k2", "minimax-m2", "llama-3.3", "gpt-oss",
+                    "devstral")
 # Each family's special tokens: the stand-in vocabulary vLLM's parsers look up (Qwen3.5's plus these).
 SPECIAL_TOKENS = {
     "glm45": ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<think>",
@@ -44,6 +45,10 @@ SPECIAL_TOKENS = {
     "kimi_k2": ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
                 "<|tool_call_end|>", "<|tool_call_argument_begin|>", "<think>", "</think>", "<|im_end|>"],
     "llama3_json": ["<|python_tag|>", "<|eot_id|>", "<|eom_id|>", "<|start_header_id|>", "<|end_header_id|>"],
+    # vLLM reads harmony by its own embedded o200k_harmony vocabulary (openai_harmony), not by this stand-in.
+    "harmony": ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>"],
+    # v11+ Mistral tokenizers (Devstral's) carry [ARGS]; no registry package ships one, so this is a stand-in.
+    "mistral": ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "</s>"],
     "qwen3": [], "qwen3_xml": [],
 }  # fmt: skip
 
@@ -67,7 +72,32 @@ TURNS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-ONE_CALL_A_TURN = {"llama-3.3"}  # its template raises on parallel calls
+# Llama's template raises on parallel calls; gpt-oss's writes only the first (the model stops at its `<|call|>`).
+ONE_CALL_A_TURN = {"llama-3.3", "gpt-oss"}
+# Turns a template refuses to render (gpt-oss's: text and reasoning beside a call): no such sample.
+_REFUSED = ("single tool-call", "Cannot pass both content and thinking")
+# Mistral's older calls (`[TOOL_CALLS][{...}]`, tokenizers before v11): no template in the test bed writes them.
+# The oracle reads them with the real vocabulary, mistral-common's tekken file (no [ARGS] token in it).
+MISTRAL_OLD = {
+    "json-list-parallel": ('Let me look.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}, '
+                           '{"name": "list_dir", "arguments": {}}]',
+                           [["get_weather", {"city": "Oslo", "days": 1}], ["list_dir", {}]]),
+    "json-list-nested": ('[TOOL_CALLS][{"name": "write_file", "arguments": {"path": "日本/ü", "opts": {"d": [1, null]}}}]',
+                         [["write_file", {"path": "日本/ü", "opts": {"d": [1, None]}}]]),
+}
+# Harmony as the model may write it where the template would not: the newer header (recipient after the channel,
+# `<|constrain|>json`), a commentary preamble, two calls in one sample, a final answer with no analysis.
+HARMONY_HOSTILE = {
+    "preamble-constrain": ('<|channel|>analysis<|message|>Check it.<|end|><|start|>assistant<|channel|>commentary'
+                           '<|message|>Let me check the weather.<|end|><|start|>assistant<|channel|>commentary '
+                           'to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris","days":3}',
+                           [["get_weather", {"city": "Paris", "days": 3}]]),
+    "two-calls": ('<|channel|>analysis<|message|>Two.<|end|><|start|>assistant to=functions.write_file<|channel|>'
+                  'commentary json<|message|>{"path": "日本/ü file.txt", "opts": {"deep": [1, {"x": "é\\"q"}]}}<|call|>'
+                  '<|start|>assistant to=functions.list_dir<|channel|>commentary json<|message|>{}',
+                  [["write_file", {"path": "日本/ü file.txt", "opts": {"deep": [1, {"x": "é\"q"}]}}], ["list_dir", {}]]),
+    "final-only": ("<|channel|>final<|message|>Ünïcode answer.\n\nTwo paragraphs.", []),
+}  # fmt: skip
 
 
 @dataclass
@@ -98,14 +128,17 @@ def build(templates: dict[str, str], tokenizer: Any) -> list[Sample]:
         for name, turn in TURNS.items():
             try:
                 whole = _render(tokenizer, text, [*user, {"role": "assistant", **turn}], False)
-            except Exception as exc:  # noqa: BLE001 - Llama's template takes one call a turn: no such sample
-                if "single tool-call" not in str(exc):
+            except Exception as exc:  # noqa: BLE001 - a turn the template refuses: no such sample
+                if not any(why in str(exc) for why in _REFUSED):
                     raise
                 continue
             assert whole.startswith(bare), (label, name)
             sample, think_open = _after_prompt(whole[len(bare) :], prompt)
-            sample = _cut_at_end(sample, PARSERS[family.parser].stop_texts)
+            # (the stand-in vocabulary's own end-of-sequence text ends a turn the template closes with eos_token)
+            sample = _cut_at_end(sample, (*PARSERS[family.parser].stop_texts, tokenizer.eos_token))
             calls = [[c["function"]["name"], json.loads(c["function"]["arguments"])] for c in turn.get("tool_calls", [])]
+            if family.parser == "harmony":
+                calls = calls[:1]  # the template renders the first call only
             base = dict(label=label, family=family.parser, tool_parser=family.tool_parser,
                         reasoning_parser=_oracle_reasoning(family.reasoning_parser, text),
                         special_tokens=SPECIAL_TOKENS[family.parser],
@@ -113,17 +146,24 @@ def build(templates: dict[str, str], tokenizer: Any) -> list[Sample]:
                         # DeepSeek's templates and reasoning parsers take `thinking` (unset: V4's parser assumes it on)
                         chat_template_kwargs={"thinking": think_open} if "deepseek" in label else {})
             samples.append(Sample(f"{label}/{name}", **base, finish_reason="stop", text=sample, expected_calls=calls))
-            if name == "parallel" or (name == "one-call" and label in ONE_CALL_A_TURN):  # cut inside its last call
+            if (name == "parallel" and label not in ONE_CALL_A_TURN) or (name == "one-call" and label in ONE_CALL_A_TURN):
+                # cut inside its last call
                 cut = sample.rfind("list_dir") + 3 if name == "parallel" else sample.rfind("Paris")
                 samples.append(Sample(f"{label}/cut-by-max-tokens", **base, finish_reason="length", text=sample[:cut],
                                       expected_calls=calls[:-1]))
+        if family.parser == "harmony":
+            samples += [Sample(f"{label}/{name}", **base, finish_reason="stop", text=text_, expected_calls=calls_)
+                        for name, (text_, calls_) in HARMONY_HOSTILE.items()]
+        if family.parser == "mistral":
+            samples += [Sample(f"{label}/{name}", **{**base, "special_tokens": ["[TOOL_CALLS]"]}, finish_reason="stop",
+                               text=text_, expected_calls=calls_) for name, (text_, calls_) in MISTRAL_OLD.items()]
     return samples
 
 
 def _oracle_reasoning(name: str, template: str) -> str:
     """The reasoning parser vLLM would serve the family with: none for a model that never thinks; MiniMax's
     `minimax_m2` rather than `minimax_m2_append_think`, which hands the reasoning back inside the content by design."""
-    if "<think>" not in template:
+    if "<think>" not in template and name != "openai_gptoss":  # harmony's reasoning is its analysis channel
         return ""
     return {"minimax_m2_append_think": "minimax_m2"}.get(name, name)
 

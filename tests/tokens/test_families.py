@@ -67,6 +67,11 @@ def test_cli_lists_the_families():
         assert f.name in out.output and f.tool_parser in out.output
 
 
+def test_gpt_oss_is_parsed_but_refused_for_continuation_by_its_reason():
+    with pytest.raises(UnknownTemplate, match="is gpt-oss .*cannot continue it token-faithfully.*functions.NAME to="):
+        require_token_faithful(family_template("gpt-oss").read_text())
+
+
 @pytest.mark.parametrize("label", list(EXPECTED))
 def test_cli_check_on_each_real_template(label):
     path = family_template(label)
@@ -74,7 +79,7 @@ def test_cli_check_on_each_real_template(label):
     out = CliRunner().invoke(main, ["templates", "check", str(path), "--json"])
     report = json.loads(out.output.splitlines()[-1])  # (transformers may say first that torch is absent)
     assert (report["family"], report["vllm_tool_parser"]) == (family.name, family.tool_parser)
-    works = bool(family.parser) and label not in UNRENDERABLE
+    works = bool(family.parser) and label not in UNRENDERABLE and not family.no_continuation
     assert report["token_faithful"] is works and out.exit_code == (0 if works else 1), report["why_not"]
     if label in UNRENDERABLE:
         assert "cannot render" in report["why_not"] and "SecurityError" in report["why_not"]

@@ -17,7 +17,8 @@ from tests.conftest import family_template
 from tests.support.stand_in import END_TOKENS, stand_in_tokenizer
 from tests.tokens.test_template import SHAPES, TOOLS, shape
 
-CONTINUES = ["deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "kimi-k2", "minimax-m2", "nemotron-3-nano", "llama-3.3"]
+CONTINUES = ["deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "kimi-k2", "minimax-m2", "nemotron-3-nano", "llama-3.3",
+             "devstral"]
 # Where the template's history rules re-render the sampled turn differently once a user message follows
 # (its reasoning is dropped): the token-faithful prompt keeps what was sampled, a re-render would not.
 REWRITES_HISTORY = {("deepseek-v3.2", "user_after_tools"), ("minimax-m2", "user_after_tools"),
