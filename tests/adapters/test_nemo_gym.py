@@ -247,6 +247,8 @@ import json, sys
 from polar.adapters.nemo_gym import PolarRunRequest, verify_response
 from polar.rollout.tasks import SessionResult
 
+pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and restarted, or many started
+
 row = PolarRunRequest.model_validate({"responses_create_params": {"input": "fix it"}})
 out = {}
 for name, fields in json.loads(sys.argv[1]).items():

@@ -20,6 +20,8 @@ import pytest
 from polar.sessions.splice import SPLICED
 from tests.support.scheduling import matrix_subset
 
+pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and restarted, or many started
+
 SYSTEM = "You are a personal assistant running inside OpenClaw. Use the exec tool to run shell commands."
 TASK = "How many files are in /work? Use exec."
 EXEC = {"name": "exec", "description": "Run a shell command",

@@ -18,10 +18,13 @@ import time
 import uuid
 
 import httpx
+import pytest
 
 from polar.capture.bodies import ANSWER_APART
 from polar.capture.reader import CaptureReader
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
+
+pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and restarted, or many started
 
 BODY = {"model": "claude-x", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
 

@@ -24,6 +24,8 @@ from tests.e2e.sessions import DRIVERS, TURNS, script_steps
 from tests.support.scheduling import matrix_subset
 from tests.support.stand_in import stand_in_dir
 
+pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and restarted, or many started
+
 FAMILIES = {"llama-3.3": "llama3_json", "kimi-k2": "kimi_k2", "deepseek-v3.1": "deepseek_v31",
             "minimax-m2": "minimax_m2"}
 # What each family's sampled tool calls carry.

@@ -17,6 +17,8 @@ from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 from polar.trajectories.drift import drift_report
 from tests.e2e.sessions import DRIVERS, TURNS, script_steps
 
+pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and restarted, or many started
+
 KILL_AFTER = (1, 4, 8)  # turns after which the gateway is killed and restarted
 
 

@@ -17,6 +17,8 @@ from polar.rollout.tasks import Named, TaskSpec
 from tests.conftest import REPO, real_template
 from tests.rollout.conftest import node_env, run_sessions  # noqa: F401
 
+pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and restarted, or many started
+
 PAGE = REPO / "docs" / "harnesses.md"
 
 

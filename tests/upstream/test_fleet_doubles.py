@@ -16,6 +16,8 @@ from polar.capture.reader import CaptureReader
 from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 from tests.support.replicas import DoubleProcess, InProcessDouble
 
+pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and restarted, or many started
+
 
 class Fleet:
     def __init__(self, doubles: list[DoubleProcess | InProcessDouble], proxy: SubprocessProxy, db):
