@@ -27,6 +27,8 @@ from polar.capture.reader import CaptureReader
 from polar.mitm.proxy import free_port
 from polar.rollout.state import RolloutState
 
+pytestmark = pytest.mark.slow  # outside scripts/test_fast: NeMo Gym's own venv and servers
+
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar"))
 VENV = CACHE / "nemo-gym-venv"
@@ -246,8 +248,6 @@ VERIFY = """
 import json, sys
 from polar.adapters.nemo_gym import PolarRunRequest, verify_response
 from polar.rollout.tasks import SessionResult
-
-pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and restarted, or many started
 
 row = PolarRunRequest.model_validate({"responses_create_params": {"input": "fix it"}})
 out = {}
