@@ -160,8 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     args = ap.parse_args(argv)
     from polar.mitm.transparent import add_listeners, ca_cert_path, remove_listeners, transparent_modes
-    from polar.runtime.docker_runtime import DockerRuntime, connect
-    from polar.runtime.images import node_image
+    from polar.sandboxes.docker_runtime import DockerRuntime, connect
+    from polar.sandboxes.images import node_image
 
     args.out.mkdir(parents=True, exist_ok=True)
     client = connect()

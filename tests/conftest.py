@@ -243,8 +243,8 @@ def _reset_double(request):
 @pytest.fixture(scope="session")
 def docker_ready():
     """A Docker engine answers (POLAR_REQUIRE_DOCKER=1 turns its absence into a failure)."""
-    from polar.runtime.base import RuntimeUnavailable
-    from polar.runtime.docker_runtime import connect
+    from polar.sandboxes.base import RuntimeUnavailable
+    from polar.sandboxes.docker_runtime import connect
 
     try:
         connect().close()

@@ -36,7 +36,7 @@ from polar.sessions.identity import SESSION_HEADER
 from polar.trajectories.builders import prefix_merge
 
 TASKS = Path(__file__).resolve().parents[2] / "data" / "tasks" / "tasks.jsonl"
-WORKDIR = "/work"  # where sessions find the repository (polar.rollout.session.WORKDIR)
+WORKDIR = "/work"  # where sessions find the repository (polar.rollout.lifecycle.WORKDIR)
 REASONING = "The failing behaviour comes from one line; a single edit fixes it."
 DONE_REASONING = "The edit is in place; nothing else to change."
 
@@ -74,7 +74,7 @@ def demo_tasks(path: Path, harness: str, runtime: str, samples: int) -> list[Tas
 def run_main_job(workdir: Path, tokenizer_dir: Path, harness: str = "claude_code", runtime: str = "docker",
                  samples: int = 2, tasks_path: Path = TASKS, console: Console | None = None) -> MainJob:
     """Submit the shipped tasks to an in-process rollout service and wait for every session."""
-    from polar.rollout.session import embedded_gateway
+    from polar.rollout.lifecycle import embedded_gateway
 
     console = console or Console(width=max(Console().width, 120))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -108,9 +108,9 @@ def run_main_job(workdir: Path, tokenizer_dir: Path, harness: str = "claude_code
 
 
 async def _rollout(env, tasks: list[TaskSpec], state_path: Path, console: Console) -> list[SessionResult]:
+    from polar.rollout.lifecycle import SessionPhases
     from polar.rollout.node import GatewayNode, NodeConfig
     from polar.rollout.service import LocalNode, RolloutService
-    from polar.rollout.session import SessionPhases
     from polar.rollout.state import RolloutState
 
     config = NodeConfig(init_workers=2, ready_size=2, running_slots=2, postrun_workers=2)

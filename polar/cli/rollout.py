@@ -86,8 +86,8 @@ def serve(host, port, token, state_path, proxy_port, init_workers, ready_size, r
 
         phases, capture_db = SimulatedPhases(simulate), None
     else:
-        from polar.rollout.session import SessionPhases, embedded_gateway
-        from polar.runtime.base import RuntimeUnavailable
+        from polar.rollout.lifecycle import SessionPhases, embedded_gateway
+        from polar.sandboxes.base import RuntimeUnavailable
 
         try:
             proxy, env = embedded_gateway(gateway["upstream"], gateway["db"], proxy_port, gateway["upstream_model"],

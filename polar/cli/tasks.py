@@ -61,8 +61,8 @@ def _row_task(path: Path, rows: list[dict], task_id: str | None, repos: Path | N
     if repos is not None:
         (item,) = import_rows([row], runtime="local", repos=repos, checkouts=scratch)
     else:
-        from polar.runtime.base import RuntimeUnavailable
-        from polar.runtime.docker_runtime import connect
+        from polar.sandboxes.base import RuntimeUnavailable
+        from polar.sandboxes.docker_runtime import connect
 
         try:
             client = connect()
@@ -77,11 +77,11 @@ def _row_task(path: Path, rows: list[dict], task_id: str | None, repos: Path | N
 def _runtime(task: TaskSpec):
     """The task's runtime, offline: nothing it runs can reach a model (none is needed to grade)."""
     if task.runtime == "local":
-        from polar.runtime.local import LocalRuntime
+        from polar.sandboxes.local import LocalRuntime
 
         return LocalRuntime("http://127.0.0.1:9", os.devnull)
     if task.runtime == "docker":
-        from polar.runtime.docker_runtime import DockerRuntime
+        from polar.sandboxes.docker_runtime import DockerRuntime
 
         return DockerRuntime()
     raise click.ClickException(f"runtime {task.runtime!r}: polar evaluate runs local or docker tasks")
@@ -194,8 +194,8 @@ def import_tasks(sources: tuple[Path, ...], fmt: str, out: Path, repos: Path | N
         raise click.ClickException(f"{source}: {exc}") from None
     client = None
     if runtime == "docker":
-        from polar.runtime.base import RuntimeUnavailable
-        from polar.runtime.docker_runtime import connect
+        from polar.sandboxes.base import RuntimeUnavailable
+        from polar.sandboxes.docker_runtime import connect
 
         try:
             client = connect()
@@ -233,8 +233,8 @@ def _harbor_items(sources: tuple[Path, ...], harness, network: str):
     """Each Harbor task directory under SOURCES (a task, or a directory of tasks) as an import item."""
     from polar.rollout.harbor_tasks import build_image, image_workdir, read_task_dir, to_task
     from polar.rollout.swebench_import import Imported
-    from polar.runtime.base import RuntimeUnavailable
-    from polar.runtime.docker_runtime import connect
+    from polar.sandboxes.base import RuntimeUnavailable
+    from polar.sandboxes.docker_runtime import connect
 
     try:
         client = connect()

@@ -103,7 +103,7 @@ class Harness(ABC):
 
     def install_layer(self, client: Any, parent: str) -> str:
         """`parent` (an image with Node) plus this CLI: polar/cli:<hash>, built once per version."""
-        from polar.runtime.images import build_layer
+        from polar.sandboxes.images import build_layer
 
         if not self.package:
             return parent

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.harnesses.base import Harness, write_files
-from polar.runtime import SandboxSpec
+from polar.sandboxes import SandboxSpec
 
 RUN_TIMEOUT_S = 180
 REPO = "/work/repo"

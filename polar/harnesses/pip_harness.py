@@ -63,7 +63,7 @@ class PipHarness(Harness):
 
     def install_layer(self, client: Any, parent: str) -> str:
         """`parent` (an image with python3.11) plus this agent in /opt/polar-agent: polar/pip:<hash>, built once."""
-        from polar.runtime.images import build_layer
+        from polar.sandboxes.images import build_layer
 
         return build_layer(client, "pip", parent, files={"site": self.pip_install()},
                            key=(self.name, self.package, self.version))

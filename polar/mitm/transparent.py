@@ -1,6 +1,6 @@
 """polar's side of transparent HTTPS capture: listening where a sandbox believes the provider is.
 
-A sandbox (see `polar.runtime`) resolves every provider host to one address it can reach — the
+A sandbox (see `polar.sandboxes`) resolves every provider host to one address it can reach — the
 gateway IP of its network — and trusts polar's CA. polar then listens on that address, ports 443
 and 80, and terminates TLS with a certificate minted for whatever SNI the client sent. The
 listeners are mitmproxy reverse-proxy modes whose target is never dialled: the polar addon

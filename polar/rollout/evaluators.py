@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from polar.harnesses import SUPPORT_DIR, SessionContext
 from polar.rollout.node import HarnessRun
 from polar.rollout.tasks import Named, TaskSpec
-from polar.runtime.base import Runtime, Sandbox, SandboxSpec
+from polar.sandboxes.base import Runtime, Sandbox, SandboxSpec
 from polar.trajectories.model import Trajectory
 
 

@@ -5,7 +5,7 @@ workers fill a bounded READY buffer with warm sessions ahead of need, and finish
 their session to POSTRUN through an unbounded queue, so a RUNNING slot never waits for a sandbox
 to start, a repository to be prepared, an evaluator to run or a container to be torn down.
 
-What each stage does is a `Phases` object (the real one is `polar.rollout.session.SessionPhases`;
+What each stage does is a `Phases` object (the real one is `polar.rollout.lifecycle.SessionPhases`;
 the benchmark uses simulated durations), so the scheduling measured is the scheduling used.
 """
 

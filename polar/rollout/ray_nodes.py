@@ -50,7 +50,7 @@ class NodeActor:
 
             phases = SimulatedPhases(**spec)
         elif kind == "gateway":
-            from polar.rollout.session import SessionPhases, embedded_gateway
+            from polar.rollout.lifecycle import SessionPhases, embedded_gateway
 
             # Each actor owns its capture database: the store allocates row ids in-process.
             db = Path(spec["db"])

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from polar.runtime.images import RECIPES, build_layer, cache_dir
+from polar.sandboxes.images import RECIPES, build_layer, cache_dir
 
 PACKAGES = RECIPES / "swe" / "packages"
 

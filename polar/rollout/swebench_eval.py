@@ -30,8 +30,8 @@ from typing import Any
 from polar.harnesses import SUPPORT_DIR, SessionContext
 from polar.rollout.evaluators import EvalContext, Evaluation, Evaluator
 from polar.rollout.tasks import TaskSpec
-from polar.runtime.base import Runtime, Sandbox, SandboxSpec
-from polar.runtime.local import LocalSandbox
+from polar.sandboxes.base import Runtime, Sandbox, SandboxSpec
+from polar.sandboxes.local import LocalSandbox
 
 # The fields of a SWE-bench row that grading reads (the rest — problem statement, gold patch — stay out of the task).
 GRADING_FIELDS = ("instance_id", "repo", "version", "base_commit", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS",

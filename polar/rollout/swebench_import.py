@@ -98,7 +98,7 @@ def checkout(repos: Path | None, row: dict[str, Any], dest: Path) -> Path:
 def build_image(client: Any, repos: Path | None, row: dict[str, Any]) -> str:
     """polar/swebench:<hash> — the repository at base_commit in /testbed on polar's swe layer."""
     from polar.rollout.swe_image import swe_image
-    from polar.runtime.images import build_layer, node_image
+    from polar.sandboxes.images import build_layer, node_image
 
     setup = row.get("setup") or ": no set-up given\n"
     with tempfile.TemporaryDirectory(prefix="polar-swebench-") as tmp:

@@ -5,7 +5,7 @@
 #   - creates the bridge with its gateway IP now, so polar can listen there before any instance;
 #   - lets the bridge reach the host on 80/443 only (polar), refusing everything else.
 # The network has no masquerade and no default route: instances reach the gateway and nothing else.
-# Not run on the machine this was written on (no Apptainer there); see polar/runtime/apptainer_runtime.py.
+# Not run on the machine this was written on (no Apptainer there); see polar/sandboxes/apptainer_runtime.py.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BRIDGE=polar0

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from polar.mitm.transparent import ca_cert_path
+from polar.rollout.lifecycle import NodeEnv, SessionPhases
 from polar.rollout.node import GatewayNode, NodeConfig
-from polar.rollout.session import NodeEnv, SessionPhases
 from polar.rollout.tasks import SessionResult, SessionSpec, TaskSpec
-from polar.runtime.local import LocalRuntime
+from polar.sandboxes.local import LocalRuntime
 
 TASKS = Path(__file__).resolve().parents[2] / "data" / "tasks"
 # A shell harness's one real model call, through the session's polar.

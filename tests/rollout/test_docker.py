@@ -19,9 +19,9 @@ CALL = ("curl -sS --fail-with-body https://api.openai.com/v1/chat/completions -H
 @pytest.fixture
 def docker_env(stack, node_env):
     from polar.mitm.transparent import add_listeners, remove_listeners, transparent_modes
-    from polar.runtime.base import RuntimeUnavailable
-    from polar.runtime.docker_runtime import DockerRuntime, connect
-    from polar.runtime.images import node_image
+    from polar.sandboxes.base import RuntimeUnavailable
+    from polar.sandboxes.docker_runtime import DockerRuntime, connect
+    from polar.sandboxes.images import node_image
 
     try:
         client = connect()

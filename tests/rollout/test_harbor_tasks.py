@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from polar.cli import main
 from polar.rollout.harbor_tasks import read_rewards
+from polar.rollout.lifecycle import SessionPhases
 from polar.rollout.node import GatewayNode, NodeConfig
 from polar.rollout.service import LocalNode, RolloutService
-from polar.rollout.session import SessionPhases
 from polar.rollout.state import RolloutState
 from polar.rollout.tasks import Named, load_tasks
 from tests.rollout.conftest import first_results
@@ -57,8 +57,8 @@ def test_reward_files(tmp_path):
 @pytest.mark.docker
 def test_harbor_tasks_run_through_the_rollout_service(docker_env, tmp_path):  # noqa: F811
     from polar.rollout.swe_image import swe_image
-    from polar.runtime.docker_runtime import connect
-    from polar.runtime.images import node_image
+    from polar.sandboxes.docker_runtime import connect
+    from polar.sandboxes.images import node_image
 
     env, _ = docker_env
     client = connect()

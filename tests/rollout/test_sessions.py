@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from polar.cli.rollout import export
+from polar.rollout.lifecycle import SessionPhases
 from polar.rollout.node import GatewayNode, NodeConfig
 from polar.rollout.service import LocalNode, RolloutService
-from polar.rollout.session import SessionPhases
 from polar.rollout.state import RolloutState
 from polar.rollout.tasks import Named, TaskSpec, load_tasks
 from polar.trajectories.io import read
@@ -140,8 +140,8 @@ def test_cancel_ends_a_running_harness(node_env):
     import asyncio
     import time
 
+    from polar.rollout.lifecycle import SessionPhases
     from polar.rollout.node import GatewayNode, NodeConfig
-    from polar.rollout.session import SessionPhases
     from polar.rollout.tasks import Named, SessionSpec, TaskSpec
 
     task = TaskSpec(id="long", instruction="x", runtime="local", timeout=120,

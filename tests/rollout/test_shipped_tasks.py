@@ -11,7 +11,7 @@ from polar.harnesses import SessionContext
 from polar.rollout.evaluators import EvalContext, make_evaluator
 from polar.rollout.node import HarnessRun
 from polar.rollout.tasks import load_tasks
-from polar.runtime.local import LocalRuntime
+from polar.sandboxes.local import LocalRuntime
 from tests.rollout.conftest import TASKS
 
 

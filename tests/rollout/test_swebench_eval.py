@@ -15,7 +15,7 @@ from swebench.harness.grading import get_eval_tests_report, get_logs_eval, get_r
 from polar.cli import main
 from polar.rollout.swebench_eval import clean_sandbox, env_for_tests, grade, normalise, swebench_spec
 from polar.rollout.tasks import Named, TaskSpec
-from polar.runtime.local import LocalRuntime
+from polar.sandboxes.local import LocalRuntime
 from tests.rollout.conftest import run_sessions
 from tests.rollout.swebench_repos import build
 

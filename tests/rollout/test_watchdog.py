@@ -15,9 +15,9 @@ from polar.cli import main
 from polar.cli.export import export
 from polar.datasets.rl import group_sizes, stream_rl_groups
 from polar.rollout.client import RolloutClient
+from polar.rollout.lifecycle import SessionPhases
 from polar.rollout.node import GatewayNode, NodeConfig
 from polar.rollout.service import LocalNode, RolloutService
-from polar.rollout.session import SessionPhases
 from polar.rollout.state import RolloutState
 from polar.rollout.tasks import Named, TaskSpec, WatchdogOptions, load_tasks
 from polar.rollout.watchdog import periodic_tail

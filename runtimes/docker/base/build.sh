@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds polar's base root filesystem as a tarball, ready for `docker import`.
 #   build.sh SUITE MIRROR OUT.tar
-# MIRROR is the Debian mirror the host's apt already uses (polar/runtime/images.py reads it from
+# MIRROR is the Debian mirror the host's apt already uses (polar/sandboxes/images.py reads it from
 # /etc/apt/sources.list*), so no host name is written here. Needs root and debootstrap.
 set -euo pipefail
 SUITE="$1" MIRROR="$2" OUT="$3"

@@ -28,7 +28,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-log = logging.getLogger("polar.runtime.images")
+log = logging.getLogger("polar.sandboxes.images")
 
 RECIPES = Path(__file__).resolve().parents[2] / "runtimes" / "docker"
 SUITE = "bookworm"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from polar.mitm.transparent import PROVIDER_HOSTS, ensure_ca
-from polar.runtime import Mount, Resources, RuntimeUnavailable, SandboxSpec
-from polar.runtime.apptainer_runtime import (
+from polar.sandboxes import Mount, Resources, RuntimeUnavailable, SandboxSpec
+from polar.sandboxes.apptainer_runtime import (
     CA_IN_SANDBOX,
     GATEWAY_IP,
     SYSTEM_BUNDLE,

@@ -8,7 +8,7 @@ import pytest
 
 from polar.mitm.proxy import ProxyConfig
 from polar.mitm.transparent import ca_cert_path, ensure_ca, transparent_modes, with_transparent
-from polar.runtime.images import RECIPES, _recipe_digest, debian_mirror
+from polar.sandboxes.images import RECIPES, _recipe_digest, debian_mirror
 
 
 def test_transparent_listeners_keep_the_proxys_own():

@@ -12,8 +12,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def docker_client():
-    from polar.runtime.base import RuntimeUnavailable
-    from polar.runtime.docker_runtime import connect
+    from polar.sandboxes.base import RuntimeUnavailable
+    from polar.sandboxes.docker_runtime import connect
 
     try:
         return connect()
@@ -26,7 +26,7 @@ def docker_client():
 @pytest.fixture(scope="session")
 def node_image(docker_client) -> str:
     """polar's node image: built once per machine (debootstrap ~1 min), then reused by tag."""
-    from polar.runtime.images import node_image as build
+    from polar.sandboxes.images import node_image as build
 
     return build(docker_client)
 
@@ -49,7 +49,7 @@ def transparent(docker_client, stack):
     """One proxy per process (mitmproxy's context is global), so the session's proxy gains listeners
     on the runtime's gateway IP rather than a second proxy starting."""
     from polar.mitm.transparent import add_listeners, ca_cert_path, remove_listeners, transparent_modes
-    from polar.runtime.docker_runtime import DockerRuntime
+    from polar.sandboxes.docker_runtime import DockerRuntime
 
     runtime = DockerRuntime(client=docker_client, addresses=stack.proxy.addon.gateway.registry)
     modes = transparent_modes(runtime.gateway_ip)

@@ -27,14 +27,14 @@ from polar.rollout.evaluators import EvalContext, Evaluation, Evaluator, make_ev
 from polar.rollout.node import HarnessRun, NodeConfig
 from polar.rollout.tasks import SessionResult, SessionSpec, WatchdogOptions
 from polar.rollout.watchdog import Cut, Watcher
-from polar.runtime.base import Runtime, Sandbox, SandboxSpec
-from polar.runtime.local import LocalRuntime
+from polar.sandboxes.base import Runtime, Sandbox, SandboxSpec
+from polar.sandboxes.local import LocalRuntime
 from polar.trajectories.builders import prefix_merge
 from polar.trajectories.model import Trajectory
 
 WORKDIR = "/work"  # the default TaskSpec.workdir
 HARNESS_PID = f"{SUPPORT_DIR}/harness.pid"  # a watched harness's pid (its process group): the watchdog ends it
-log = logging.getLogger("polar.rollout.session")
+log = logging.getLogger("polar.rollout.lifecycle")
 _GIT = ["git", "-c", "user.email=rollout@polar.invalid", "-c", "user.name=polar", "-c", "commit.gpgsign=false"]
 
 
@@ -66,7 +66,7 @@ def embedded_gateway(upstream: str, db: str, port: int, upstream_model: str = ""
     harnesses that take a base URL, an explicit-proxy listener for those that only honour
     HTTPS_PROXY. `docker` (optional): transparent listeners on the session network's gateway, so
     calls to the providers' own hosts land in polar and are attributed by container address; its
-    network fails closed unless `allow_open_egress` (polar.runtime.docker_runtime.EgressLockFailed).
+    network fails closed unless `allow_open_egress` (polar.sandboxes.docker_runtime.EgressLockFailed).
     Returns the proxy (stop it when done) and the node's environment."""
     from polar.mitm.proxy import BackgroundProxy, ProxyConfig, free_port
     from polar.mitm.transparent import add_listeners, ca_cert_path, transparent_modes
@@ -81,7 +81,7 @@ def embedded_gateway(upstream: str, db: str, port: int, upstream_model: str = ""
     env = NodeEnv(polar_url=proxy.url, capture_db=db, runtimes={"local": LocalRuntime(f"http://{regular}", ca_cert)},
                   keys=registry, ca_cert=ca_cert, gateway=proxy)
     if docker:
-        from polar.runtime.docker_runtime import DockerRuntime
+        from polar.sandboxes.docker_runtime import DockerRuntime
 
         runtime = DockerRuntime(addresses=registry, allow_open_egress=allow_open_egress)
         try:
@@ -207,7 +207,7 @@ class SessionPhases:
     def _image(self, runtime: Runtime, harness: Harness) -> str | None:
         """The image for a task that names none: on Docker, the harness's CLI (if any) over git,
         python3 and pytest, built once per CLI version; elsewhere none."""
-        from polar.runtime.docker_runtime import DockerRuntime
+        from polar.sandboxes.docker_runtime import DockerRuntime
 
         if not isinstance(runtime, DockerRuntime):
             return None
@@ -215,7 +215,7 @@ class SessionPhases:
         with self._images_lock:  # concurrent INITs build once
             if key not in self._images:
                 from polar.rollout.swe_image import swe_image
-                from polar.runtime.images import node_image
+                from polar.sandboxes.images import node_image
 
                 tools = swe_image(runtime.client, node_image(runtime.client))
                 self._images[key] = harness.install_layer(runtime.client, tools)

@@ -45,8 +45,8 @@ import docker.errors
 import docker.utils
 from docker.types import IPAMConfig, IPAMPool
 
-from polar.runtime import images
-from polar.runtime.base import (
+from polar.sandboxes import images
+from polar.sandboxes.base import (
     AddressBook,
     Command,
     ExecResult,
@@ -59,7 +59,7 @@ from polar.runtime.base import (
     slug,
 )
 
-log = logging.getLogger("polar.runtime.docker")
+log = logging.getLogger("polar.sandboxes.docker")
 
 CA_IN_CONTAINER = "/usr/local/share/ca-certificates/polar-ca.crt"  # where runtimes/docker/ca puts it
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"

@@ -20,7 +20,7 @@ spython's `execute` merges stdout with stderr and has no timeout.
 
 NOT RUN HERE: the machine that built this has no Apptainer binary and no network for a CNI
 bridge, so only the command construction and the calls into spython are tested
-(tests/runtime/test_apptainer.py, with a recording stand-in for the binary). Untested against a
+(tests/sandboxes/test_apptainer.py, with a recording stand-in for the binary). Untested against a
 real Apptainer: the `ip` field of `instance list --json`, the CNI network itself, binding a file
 over /etc/hosts and the bundle inside a SIF image, and `--overlay` on a directory when rootless
 (it needs unprivileged overlayfs, kernel >= 5.11, or fuse-overlayfs).
@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from polar.runtime.base import (
+from polar.sandboxes.base import (
     AddressBook,
     Command,
     ExecResult,

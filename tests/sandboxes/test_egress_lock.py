@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from polar.runtime import SandboxSpec
-from polar.runtime import docker_runtime as dr
+from polar.sandboxes import SandboxSpec
+from polar.sandboxes import docker_runtime as dr
 
 pytestmark = pytest.mark.docker
 
@@ -72,7 +72,7 @@ def test_opting_out_starts_with_a_warning(docker_client, no_iptables, monkeypatc
         monkeypatch.setenv(dr.ALLOW_OPEN_EGRESS_ENV, "1")
     runtime = dr.DockerRuntime(client=docker_client, allow_open_egress=True if opt_out == "flag" else None)
     try:
-        with caplog.at_level(logging.WARNING, logger="polar.runtime.docker"):
+        with caplog.at_level(logging.WARNING, logger="polar.sandboxes.docker"):
             assert runtime.gateway_ip
         assert _networks(docker_client, runtime)
         (warning,) = [r for r in caplog.records if "iptables not found" in r.getMessage()]

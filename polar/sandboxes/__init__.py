@@ -5,7 +5,7 @@
 those images and networks are built from live in the repository's `runtimes/` (Dockerfiles, CNI config).
 """
 
-from polar.runtime.base import (
+from polar.sandboxes.base import (
     AddressBook,
     ExecResult,
     Mount,

@@ -22,7 +22,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from polar.runtime.base import Command, ExecResult, Runtime, Sandbox, SandboxSpec, ca_env, copy_path, shell_argv, slug
+from polar.sandboxes.base import Command, ExecResult, Runtime, Sandbox, SandboxSpec, ca_env, copy_path, shell_argv, slug
 
 _NO_PROXY = "localhost,127.0.0.1,::1"  # harness-local servers (opencode's TUI backend) stay direct
 # Variables from the developer's shell that would send a harness somewhere else than polar.

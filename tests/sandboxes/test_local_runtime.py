@@ -9,8 +9,8 @@ import time
 import pytest
 
 from polar.mitm.transparent import add_listeners, ca_cert_path, remove_listeners
-from polar.runtime import Mount, SandboxSpec
-from polar.runtime.local import LocalRuntime
+from polar.sandboxes import Mount, SandboxSpec
+from polar.sandboxes.local import LocalRuntime
 
 OPENAI_SDK_CALL = """
 import openai

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from polar.runtime import SandboxSpec
+from polar.sandboxes import SandboxSpec
 
 pytestmark = pytest.mark.docker
 
@@ -185,7 +185,7 @@ def test_orphans_of_a_dead_polar_process_are_reaped(docker_client, node_image):
     """A killed rollout server's containers and network go when the next runtime starts."""
     import subprocess
 
-    from polar.runtime.docker_runtime import BRIDGE_OPTION, LABEL, OWNER, reap_orphans
+    from polar.sandboxes.docker_runtime import BRIDGE_OPTION, LABEL, OWNER, reap_orphans
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that no longer runs
