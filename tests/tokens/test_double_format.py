@@ -77,8 +77,8 @@ def test_template_switches_at_run_time(double_server, load):
     assert httpx.get(f"{url}/_double/template").json()["family"] == "qwen3_xml"  # the tokenizer's own again
 
 
-# The other families polar parses in token-faithful mode, on their real templates with stand-in vocabularies
-# (tests/support/stand_in.py). GLM is left out: token-faithful mode refuses it (no end-of-turn token after an answer).
+# The other families polar parses in token-faithful mode, on their real templates with DeepSeek's real vocabulary and
+# stand-ins for the rest (tests/support/stand_in.py). GLM is left out: token-faithful mode refuses it (no end-of-turn token after an answer).
 FAMILY_LABELS = {"llama-3.3": "llama3_json", "deepseek-v3.1": "deepseek_v31", "kimi-k2": "kimi_k2",
                  "minimax-m2": "minimax_m2"}
 # Llama-3's answer is text or calls, one call a turn (its template refuses parallel calls).
@@ -91,14 +91,14 @@ DROPS_REASONING = {"deepseek-v3.1"}
 def family_format(tokenizer_dir):
     from polar.tokens.template import ChatTemplate
     from tests.conftest import family_template
-    from tests.support.stand_in import END_TOKENS, stand_in_tokenizer
+    from tests.support.stand_in import END_TOKENS, family_tokenizer
 
     made: dict[str, tuple[ChatTemplate, ModelFormat]] = {}
 
     def get(label: str) -> tuple[ChatTemplate, ModelFormat]:
         if label not in made:
             text, family = family_template(label).read_text(), FAMILY_LABELS[label]
-            tok = stand_in_tokenizer(tokenizer_dir, family)
+            tok = family_tokenizer(tokenizer_dir, family)
             ct = ChatTemplate(tok, text, eos_token_ids=[tok.convert_tokens_to_ids(END_TOKENS[family][0])], name=label)
             made[label] = ct, ModelFormat.for_template(text)
         return made[label]
