@@ -1,0 +1,158 @@
+"""Hermes Agent, mini-swe-agent, OpenClaw and OpenHands, each unchanged in Docker through `polar rollout serve`
+(as a user starts it) in front of the REAL vLLM: the suite's CPU server on the tiny random-weight model, with the
+real Qwen3.5 template. Random weights cannot fix the bug, so what is checked is what polar owes a trainer whatever
+the model says: the harness's calls reach vLLM through polar and every one leaves a row (nothing lost: as many
+rows as vLLM finished requests), the first prompt is exactly vLLM's own rendering of the request's messages, each
+later prompt carries every earlier sampled id, the sampled ids and logprobs are vLLM's (`polar verify` recomputes
+them from the weights), and the harness survives the junk answers or ends by its own limit.
+
+vLLM caps each answer (`--override-generation-config`, its own setting): random weights rarely sample an end of
+turn, and Hermes asks for 65,536 tokens. CI runs one harness (CI_HARNESS); scripts/test_matrix runs all four.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from polar.harnesses.bugfix import CALC, TEST
+from tests.integration.conftest import model_dir, vllm_servers  # noqa: F401
+from tests.integration.test_verify_real_vllm import polar_verify
+from tests.support.real_vllm import REPO, SERVED_MODEL, launch_real_vllm, real_template, stop_real_vllm
+from tests.support.scheduling import matrix_subset
+
+pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.slow]
+
+CAP = 48  # sampled tokens per answer
+CI_HARNESS = "openhands"
+# Each harness's own limit where it has one; the others end when an answer carries no tool call.
+LIMITS = {"openhands": {"max_steps": 3}, "mini_swe_agent": {"step_limit": 3}, "hermes": {}, "openclaw": {}}
+
+
+@pytest.fixture(scope="module")
+def capped_vllm(vllm_servers):  # noqa: F811
+    vllm_servers.close()  # one vLLM at a time (2 cores): the shared one starts again when next asked for
+    template = real_template("qwen3.5-4b")
+    url, pid = launch_real_vllm(chat_template=template, env={
+        "POLAR_VLLM_ARGS": '--override-generation-config {"max_new_tokens":%d}' % CAP})
+    yield url, template
+    stop_real_vllm(pid)
+
+
+@pytest.fixture(scope="module")
+def rollout(capped_vllm, model_dir, tmp_path_factory):  # noqa: F811
+    """`polar rollout serve --docker` on that vLLM; its tokenizer directory is the model's with the template vLLM
+    serves (polar renders what vLLM renders)."""
+    from polar.mitm.proxy import free_port
+    from polar.rollout.client import RolloutClient
+
+    url, template = capped_vllm
+    work = tmp_path_factory.mktemp("agents-real-vllm")
+    tokenizer = work / "tokenizer"
+    shutil.copytree(model_dir, tokenizer, ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copy(template, tokenizer / "chat_template.jinja")
+    port, db = free_port(), work / "captures.db"
+    argv = [sys.executable, "-m", "polar.cli", "rollout", "serve", "--port", str(port), "--proxy-port", str(free_port()),
+            "--upstream", url, "--tokenizer", str(tokenizer), "--db", str(db), "--state", str(work / "rollout.db"),
+            "--docker"]
+    log = (work / "serve.log").open("w")
+    server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    client = RolloutClient(f"http://127.0.0.1:{port}", timeout=30)
+    try:
+        for _ in range(120):
+            if server.poll() is not None or _healthy(client):
+                break
+            subprocess.run(["sleep", "1"], check=True)
+        assert server.poll() is None and _healthy(client), (work / "serve.log").read_text()[-3000:]
+        yield client, db, url, work
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(60)
+        log.close()
+
+
+def _healthy(client) -> bool:
+    try:
+        return client.health()
+    except httpx.HTTPError:
+        return False
+
+
+def finished_requests(vllm_url: str) -> float:
+    """vLLM's own count of the generation requests it finished (its Prometheus metrics)."""
+    text = httpx.get(f"{vllm_url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total{"))
+
+
+def bug_repo(work: Path, name: str) -> Path:
+    repo = work / f"repo-{name}"
+    repo.mkdir()
+    (repo / "calc.py").write_text(CALC)
+    (repo / "test_calc.py").write_text(TEST)
+    return repo
+
+
+def vllm_render(vllm_url: str, row: dict) -> list[int]:
+    """vLLM's own rendering of a first request's messages and tools (no assistant turn yet)."""
+    from polar.tokens.template import openai_messages, openai_tools
+
+    canonical = row["canonical"]
+    body = {"model": SERVED_MODEL, "messages": openai_messages(canonical["messages"]), "add_generation_prompt": True}
+    if tools := openai_tools(canonical.get("tools")):
+        body["tools"] = tools
+    reply = httpx.post(f"{vllm_url}/tokenize", json=body, timeout=60)
+    reply.raise_for_status()
+    return reply.json()["tokens"]
+
+
+def occurs(part: list[int], whole: list[int]) -> bool:
+    return any(whole[i:i + len(part)] == part for i in range(len(whole) - len(part) + 1))
+
+
+@matrix_subset(lambda params: params["name"] == CI_HARNESS)
+@pytest.mark.parametrize("name", list(LIMITS))
+def test_agent_first_calls_on_the_real_vllm(rollout, model_dir, name):  # noqa: F811
+    from polar.capture.reader import CaptureReader
+    from polar.rollout.tasks import Named, TaskSpec
+
+    client, db, vllm_url, work = rollout
+    marker = f"real-vllm-{name}-{uuid.uuid4().hex[:6]}"
+    task = TaskSpec(id=marker, instruction=f"[{marker}] The test in test_calc.py fails. Fix the bug in calc.py.",
+                    runtime="docker", repo=str(bug_repo(work, name)), timeout=300,
+                    harness=Named(name=name, options=LIMITS[name]),
+                    evaluator=Named(name="test_output", options={"command": "python3 -m pytest -q test_calc.py"}))
+    before = finished_requests(vllm_url)
+    (accepted,) = client.submit([task])
+    (session,) = accepted["sessions"]
+    result = next(r for _, r in client.results(follow=True) if r.session_id == session)
+    rows = [r for r in CaptureReader(db).calls() if marker in json.dumps(r.get("canonical") or {})]
+    calls = [r for r in rows if r["endpoint"] == "generate"]
+    figures = {"harness": name, "outcome": result.outcome, "reward": result.reward, "calls": len(calls),
+               "vllm_finished": finished_requests(vllm_url) - before,
+               "prompt_tokens": [r["prompt_len"] for r in calls], "finish": [r["finish_reason"] for r in calls],
+               "modes": [r["prompt_mode"].split(":")[0] for r in calls]}
+    print(json.dumps(figures))
+    # It ran to its end (an answer without a tool call, or its step limit): no error, no cut, no timeout.
+    assert result.outcome == "ok" and result.reward == 0.0, (result.outcome, result.error, result.harness_output)
+    assert calls and all(r["status"] == "ok" for r in rows), [(r["status"], r["error"]) for r in rows]
+    assert figures["vllm_finished"] == len(calls)  # every call vLLM answered left its row
+    assert calls[0]["prompt_ids"] == vllm_render(vllm_url, calls[0])  # the real template, as vLLM renders it
+    for row in calls:
+        assert row["completion_ids"] and len(row["completion_logprobs"]) == len(row["completion_ids"])
+        assert len(row["completion_ids"]) <= CAP and all(lp <= 0 for lp in row["completion_logprobs"])
+    for i, row in enumerate(calls[1:], 1):
+        assert row["prompt_mode"].startswith("token-faithful"), row["prompt_mode"]
+        assert all(occurs(earlier["completion_ids"], row["prompt_ids"]) for earlier in calls[:i])
+    # The sampled ids and their logprobs are the served weights': recomputed from them, within tolerance.
+    code, lines, summary = polar_verify(db, model_dir, "--session", calls[0]["session_id"])
+    assert code == 0 and lines and all(line["ok"] and line["missing"] == 0 for line in lines), (summary, lines)
+    assert sum(line["tokens"] for line in lines) == sum(r["completion_len"] for r in calls)
