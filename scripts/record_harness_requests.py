@@ -114,7 +114,7 @@ def fixture(harness: Harness, rows: list[dict[str, Any]], scrub: Scrubber, marke
     requests = [request_of(first, scrub), request_of(last, scrub)]
     return {
         "cli": harness.name, "package": harness.package, "version": harness.version, "provider": harness.provider,
-        "api": APIS[harness.provider], "stream": bool(first["stream"]), "host": _host(first),
+        "api": APIS[harness.provider], "stream": bool(first["stream"]), "host": scrub.text(_host(first)),
         "marker": marker, "shell_tool": harness.shell_tool("{command}")["name"],
         "calls_in_session": len(rows), "first": requests[0], "later": requests[1],
         "note": "recorded by scripts/record_harness_requests.py; ids, keys, host names and kernel release "
