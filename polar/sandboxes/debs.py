@@ -37,12 +37,13 @@ def closure(packages: list[str]) -> dict[str, str]:
 
 
 def download(packages: dict[str, str]) -> Path:
-    """The .deb files of these exact package versions, downloaded once."""
+    """The .deb files of these exact package versions, downloaded once (none: an empty directory)."""
     specs = sorted(f"{name}={version}" for name, version in packages.items())
     target = cache_dir().parent / "debs" / hashlib.sha256(" ".join(specs).encode()).hexdigest()[:12]
     if not (target / ".done").exists():
         target.mkdir(parents=True, exist_ok=True)
-        _apt(["apt-get", "download", *specs], cwd=target)
+        if specs:
+            _apt(["apt-get", "download", *specs], cwd=target)
         (target / ".done").touch()
     return target
 
