@@ -2,13 +2,14 @@
 (as a user starts it) in front of the REAL vLLM: the suite's CPU server on the tiny random-weight model, with the
 real Qwen3.5 template. Random weights cannot fix the bug, so what is checked is what polar owes a trainer whatever
 the model says: the harness's calls reach vLLM through polar and every one leaves a row (nothing lost: as many
-rows as vLLM finished requests), the first prompt is exactly vLLM's own rendering of the request's messages, each
-later prompt carries every earlier sampled id, the sampled ids and logprobs are vLLM's (`polar verify` recomputes
-them from the weights), and the harness survives the junk answers or ends by its own limit.
+rows as vLLM finished requests), a call with no answer in its history is exactly vLLM's own rendering of its
+messages, a call with one carries that answer's sampled ids (token-faithful), the sampled ids and logprobs are
+vLLM's (`polar verify` recomputes them from the weights), and the harness survives the junk answers or ends by its
+own limit.
 
-The server is the suite's shared one on that template (tests/integration/conftest.py), used by this test alone
-while it runs: vLLM's own count of finished requests is the harness's. CI runs one harness (CI_HARNESS);
-scripts/test_matrix runs all four.
+The server is the suite's shared one on that template (tests/integration/conftest.py, in its qwen3.5-4b group),
+used by this test alone while it runs: vLLM's own count of finished requests is the harness's. Hermes Agent gets
+a wider one of its own for its test. CI runs one harness (CI_HARNESS); scripts/test_matrix runs all four.
 """
 
 from __future__ import annotations
@@ -20,17 +21,15 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
 from polar.harnesses.bugfix import CALC, TEST
-from tests.conftest import real_template
-from tests.integration.conftest import model_dir, vllm_servers  # noqa: F401
 from tests.integration.test_verify_real_vllm import polar_verify
-from tests.support.real_vllm import MAX_MODEL_LEN, REPO, SERVED_MODEL, launch_real_vllm, stop_real_vllm
+from tests.support.real_vllm import REPO, SERVED_MODEL, launch_real_vllm, stop_real_vllm, template_subset
 from tests.support.scheduling import matrix_subset
 
 pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.slow]
@@ -42,30 +41,43 @@ WINDOWS = {"hermes": 65536}  # Hermes Agent refuses a context window under 64K t
 
 
 @pytest.fixture(scope="module")
-def rollouts(vllm_servers, model_dir, tmp_path_factory):  # noqa: F811
-    """`polar rollout serve --docker` on the real vLLM, by context window: the shared server (MAX_MODEL_LEN), or one of
-    this module's own for a harness that wants a wider one (started last: the shared one is stopped first). Its
-    tokenizer directory is the model's with the template vLLM serves (polar renders what vLLM renders)."""
-    template = real_template("qwen3.5-4b")
-    work = tmp_path_factory.mktemp("agents-real-vllm")
-    tokenizer = work / "tokenizer"
-    shutil.copytree(model_dir, tokenizer, ignore=shutil.ignore_patterns("*.safetensors"))
-    shutil.copy(template, tokenizer / "chat_template.jinja")
-    started: dict[int, tuple] = {}
-    with ExitStack() as stack:
-        def rollout(window: int) -> tuple:
-            if window not in started:
-                if window == MAX_MODEL_LEN:
-                    url = vllm_servers.url(template)
-                else:
-                    vllm_servers.close()  # one vLLM at a time (2 cores)
-                    url, pid = launch_real_vllm(max_model_len=window, chat_template=template)
-                    stack.callback(stop_real_vllm, pid)
-                client, db = stack.enter_context(rollout_server(url, tokenizer, work / str(window)))
-                started[window] = (client, db, url, work)
-            return started[window]
+def tokenizer_of(template_vllm, model_dir, tmp_path_factory) -> Path:
+    """The model's tokenizer directory with the template vLLM serves: polar renders what vLLM renders."""
+    tokenizer = tmp_path_factory.mktemp("tokenizer-real-template")
+    shutil.copytree(model_dir, tokenizer, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copy(template_vllm.template, tokenizer / "chat_template.jinja")
+    return tokenizer
 
-        yield rollout
+
+@pytest.fixture(scope="module")
+def shared_rollout(template_vllm, tokenizer_of, tmp_path_factory):
+    """`polar rollout serve --docker` on the suite's shared server (its qwen3.5-4b group)."""
+    with rollout_server(template_vllm.url, tokenizer_of, tmp_path_factory.mktemp("agents-real-vllm")) as (client, db):
+        yield client, db, template_vllm.url
+
+
+@pytest.fixture
+def rollout(request, name, template_vllm, tokenizer_of, tmp_path):
+    """The shared one, or, for a harness that wants a wider window, a server of its own for this test alone."""
+    if name not in WINDOWS:
+        yield request.getfixturevalue("shared_rollout")
+        return
+    with own_rollout(request.getfixturevalue("vllm_servers"), template_vllm, tokenizer_of, tmp_path / "rollout",
+                     WINDOWS[name]) as own:
+        yield own
+
+
+@contextmanager
+def own_rollout(vllm_servers, template_vllm, tokenizer_of, work: Path, window: int) -> Iterator[tuple]:
+    """A server of this test's own with a wider window (the shared one stopped first: one vLLM at a time) and
+    `polar rollout serve` on it, both stopped when the test ends."""
+    vllm_servers.close()
+    url, pid = launch_real_vllm(max_model_len=window, chat_template=template_vllm.template)
+    try:
+        with rollout_server(url, tokenizer_of, work) as (client, db):
+            yield client, db, url
+    finally:
+        stop_real_vllm(pid)
 
 
 @contextmanager
@@ -73,7 +85,7 @@ def rollout_server(url: str, tokenizer: Path, work: Path) -> Iterator[tuple]:
     from polar.mitm.proxy import free_port
     from polar.rollout.client import RolloutClient
 
-    work.mkdir()
+    work.mkdir(exist_ok=True)
     port, db = free_port(), work / "captures.db"
     argv = [sys.executable, "-m", "polar.cli", "rollout", "serve", "--port", str(port), "--proxy-port", str(free_port()),
             "--upstream", url, "--tokenizer", str(tokenizer), "--db", str(db), "--state", str(work / "rollout.db"),
@@ -135,16 +147,17 @@ def occurs(part: list[int], whole: list[int]) -> bool:
     return any(whole[i:i + len(part)] == part for i in range(len(whole) - len(part) + 1))
 
 
+@template_subset(lambda params: False)  # the real Qwen3.5 template's server only
 @matrix_subset(lambda params: params["name"] == CI_HARNESS)
 @pytest.mark.parametrize("name", list(LIMITS))
-def test_agent_first_calls_on_the_real_vllm(rollouts, model_dir, name):  # noqa: F811
+def test_agent_first_calls_on_the_real_vllm(rollout, model_dir, tmp_path, name):
     from polar.capture.reader import CaptureReader
     from polar.rollout.tasks import Named, TaskSpec
 
-    client, db, vllm_url, work = rollouts(WINDOWS.get(name, MAX_MODEL_LEN))
+    client, db, vllm_url = rollout
     marker = f"real-vllm-{name}-{uuid.uuid4().hex[:6]}"
     task = TaskSpec(id=marker, instruction=f"[{marker}] The test in test_calc.py fails. Fix the bug in calc.py.",
-                    runtime="docker", repo=str(bug_repo(work, name)), timeout=300,
+                    runtime="docker", repo=str(bug_repo(tmp_path, name)), timeout=300,
                     harness=Named(name=name, options=LIMITS[name]),
                     evaluator=Named(name="test_output", options={"command": "python3 -m pytest -q test_calc.py"}))
     before = finished_requests(vllm_url)
