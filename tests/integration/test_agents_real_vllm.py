@@ -29,7 +29,7 @@ import pytest
 
 from polar.harnesses.bugfix import CALC, TEST
 from tests.integration.test_verify_real_vllm import polar_verify
-from tests.support.real_vllm import REPO, SERVED_MODEL, launch_real_vllm, stop_real_vllm, template_subset
+from tests.support.real_vllm import REPO, SERVED_MODEL, launch_real_vllm, stop_real_vllm
 from tests.support.scheduling import matrix_subset
 
 pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.slow]
@@ -147,8 +147,8 @@ def occurs(part: list[int], whole: list[int]) -> bool:
     return any(whole[i:i + len(part)] == part for i in range(len(whole) - len(part) + 1))
 
 
-@template_subset(lambda params: False)  # the real Qwen3.5 template's server only
 @matrix_subset(lambda params: params["name"] == CI_HARNESS)
+@pytest.mark.parametrize("template_vllm", ["qwen3.5-4b"], indirect=True)  # the real Qwen3.5 template's server only
 @pytest.mark.parametrize("name", list(LIMITS))
 def test_agent_first_calls_on_the_real_vllm(rollout, model_dir, tmp_path, name):
     from polar.capture.reader import CaptureReader
