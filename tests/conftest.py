@@ -155,7 +155,7 @@ class Stack:
         stack's own): the double renders its prompts and writes its answers with them, and an in-process
         token-faithful gateway is told the same through its `polar_chat_template` and `polar_tokenizer` options
         (it rebuilds its backend)."""
-        httpx.post(f"{self.upstream_url}/_double/template",
+        httpx.post(f"{self.upstream_url}/_double/template", timeout=120,  # a vocabulary loads for seconds
                    json={"chat_template": str(path) if path else None,
                          "tokenizer": str(vocabulary) if vocabulary else None}).raise_for_status()
         if self.mode == "token-faithful":

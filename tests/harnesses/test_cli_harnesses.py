@@ -105,8 +105,9 @@ def upstream_calls(transparent) -> int:
     return transparent.stack.double.generations
 
 
-# The families besides Qwen that the CLIs run on (labels of tests/conftest.py FAMILY_TEMPLATES).
-OTHER_FAMILIES = ("llama-3.3", "deepseek-v3.1", "kimi-k2", "minimax-m2")
+# The families besides Qwen that the CLIs run on (labels of tests/conftest.py FAMILY_TEMPLATES), in the order CI
+# hands them to the CLIs: DeepSeek-V3.1 to Claude Code and pi, which ask to think (its template reasons only then).
+OTHER_FAMILIES = ("deepseek-v3.1", "llama-3.3", "minimax-m2", "kimi-k2")
 CLI_TEMPLATES = (*REAL_TEMPLATES, *OTHER_FAMILIES)
 
 
@@ -133,9 +134,9 @@ def test_cli_fixes_the_bug(template_stack, transparent, images, harness, tmp_pat
     decode = template_stack.double.tokenizer.decode
     called = [decode(r["completion_ids"]) for r in generated if r["finish_reason"] == "tool_calls"]
     reasoned = any(bugfix.REASONING in text for text in called)
+    check(run, rows, reasoned)
     # A model that reasons unasked did so (Qwen3.5, Qwen3-hybrid, MiniMax-M2); DeepSeek-V3.1 reasons when asked to.
     assert reasoned or not reasons_unasked(template_stack.double), summary(rows)
-    check(run, rows, reasoned)
     # Every upstream call of the run came through polar and was captured under this session.
     assert upstream_calls(transparent) - before == model_calls(rows), summary(rows)
     # Rendered with the template, sampled in its family's format (the turns that called the shell tool).
