@@ -174,3 +174,36 @@ def test_double_answers_a_family_chat_call(tokenizer_dir, tmp_path):
     assert choice["token_ids"][-1] == double.tokenizer.convert_tokens_to_ids("<|im_end|>") == double.eos_id
     assert double.tokenizer.decode(choice["token_ids"]).startswith("Checking both.<|tool_calls_section_begin|>")
     assert refused.status_code == 400 and "kimi_k2 answers stream through the token-in endpoints" in refused.text
+
+
+def test_vocabulary_switches_with_the_template(tokenizer_dir, tmp_path):
+    """POST /_double/template with a "tokenizer": the double samples in that vocabulary (MiniMax-M2's stand-in) on
+    that family's real template; a template the new vocabulary cannot end leaves the old one in place; null returns
+    to the double's own vocabulary and template."""
+    from starlette.testclient import TestClient
+
+    from polar.doubles.scripted_vllm import ScriptedVLLM
+    from tests.conftest import family_template
+    from tests.support.stand_in import stand_in_dir
+
+    vocab = stand_in_dir(tokenizer_dir, tmp_path / "vocab", "minimax_m2")
+    double = ScriptedVLLM(tokenizer_dir)
+    own_size = double.vocab_size
+    body = {"messages": CONVERSATION, "tools": TOOLS, "return_token_ids": True}
+    with TestClient(double.app) as client:
+        switched = client.post("/_double/template", json={"chat_template": str(family_template("minimax-m2")),
+                                                          "tokenizer": str(vocab)}).json()
+        assert switched["family"] == "minimax_m2" and switched["tokenizer"] == str(vocab)
+        client.post("/_double/script", json={"steps": [STEPS[0].__dict__]}).raise_for_status()
+        answer = client.post("/v1/chat/completions", json=body).json()
+        ids = answer["choices"][0]["token_ids"]
+        assert ids[-1] == double.eos_id == double.tokenizer.convert_tokens_to_ids("[e~[") >= own_size
+        assert "<minimax:tool_call>" in double.tokenizer.decode(ids)
+        assert answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "run"
+        # Llama's turns end with <|eot_id|>, which Qwen's own vocabulary lacks.
+        bad = client.post("/_double/template", json={"chat_template": str(family_template("llama-3.3")),
+                                                     "tokenizer": str(tokenizer_dir)})
+        assert bad.status_code == 400 and "<|eot_id|>" in bad.json()["error"]["message"]
+        assert client.get("/_double/template").json() == switched  # vocabulary and template as they were
+        home = client.post("/_double/template", json={"chat_template": None, "tokenizer": None}).json()
+    assert home["family"] == "qwen3_xml" and home["tokenizer"] == str(tokenizer_dir) and double.vocab_size == own_size
