@@ -35,6 +35,8 @@ from polar.sessions.fingerprints import answer_message, message_fingerprint, req
 from polar.sessions.shared_ids import SharedIds, held_tokens
 
 log = logging.getLogger("polar.sessions")
+# prompt_mode's note on a request asked again: its prompt is the earlier call's (row N), token for token.
+REPEATED = "the prompt ids of the same request's earlier call, row"
 
 
 @dataclass
@@ -115,6 +117,16 @@ class SessionState:
             return None, reason
         return Extension(best, request.messages[len(best.message_keys) + 1 :]), ""
 
+    def repeat(self, request: ChatRequest, keys: list[str]) -> Turn | None:
+        """The newest earlier turn asked exactly this (the same messages, tools and thinking mode): a harness
+        that sends a request again (a retry, the same step asked twice) gets that turn's prompt ids, which may
+        hold sampled ids a render would re-encode."""
+        context = request_context_key(request)
+        for turn in reversed(self.turns):
+            if turn.message_keys == keys and turn.context_key == context:
+                return turn
+        return None
+
     def reappearance(self, request: ChatRequest, keys: list[str]) -> Reappearance | None:
         """The earlier turn whose answer this request repeats after the longest run of that turn's first
         messages, when no turn is extended whole (the newest wins a tie)."""
@@ -176,6 +188,9 @@ class SessionView:
 
     def extension(self, request: ChatRequest) -> tuple[Extension | None, str]:
         return self.state.extension(request, self.keys)
+
+    def repeat(self, request: ChatRequest) -> Turn | None:
+        return self.state.repeat(request, self.keys)
 
     def reappearance(self, request: ChatRequest) -> Reappearance | None:
         return self.state.reappearance(request, self.keys)

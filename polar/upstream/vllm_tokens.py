@@ -20,7 +20,7 @@ import numpy as np
 from polar.canonical import ChatRequest, ChatResult, Reasoning, Usage, holds_image
 from polar.errors import GatewayError
 from polar.sessions.splice import SPLICED, splice
-from polar.sessions.state import Extension, SessionView
+from polar.sessions.state import REPEATED, Extension, SessionView
 from polar.tokens.messages import to_openai_messages
 from polar.tokens.parsers import ParsedTurn
 from polar.tokens.shaping import TemplateTraits
@@ -81,6 +81,8 @@ class TokenFaithful:
         """The prompt ids (a list, or an array when extended): the session's turn extended by the new messages, else the whole conversation
         rendered (and why)."""
         extension, reason = session.extension(request) if session else (None, "no session state")
+        if extension is None and session is not None and (same := session.repeat(request)):
+            return np.concatenate(same.ids.head(same.prompt_len)), f"token-faithful ({REPEATED} {same.row})"
         spliced = ""
         if extension is None and session is not None and (found := session.reappearance(request)):
             # a turn the harness moved messages around (renders the kept history: off the event loop)
