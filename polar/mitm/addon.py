@@ -65,6 +65,10 @@ class GatewayAddon:
         add_options(loader, OWN_OPTIONS)
 
     def configure(self, updated: set[str]) -> None:
+        if not updated & set(OWN_OPTIONS):
+            # Another addon declaring its options as it loads: nothing of the gateway's changed. (Building here would
+            # open the default database in the working directory before polar's options are set.)
+            return
         opts = ctx.options
         try:
             check(opts, updated & set(OWN_OPTIONS))

@@ -129,3 +129,20 @@ def test_a_set_option_joins_the_first_configure(tokenizer_dir, tmp_path):
     assert started({"polar_chat_template": str(template)})
     assert not started({})  # the check above would see the refusal
     assert ProxyConfig(extra={"polar_hot_sessions": "9"}).polar_options()["polar_hot_sessions"] == 9
+
+
+def test_polar_proxy_writes_only_where_its_db_says(tmp_path):
+    """Loading the addons declares their options one by one; none of that may open the default database in the
+    working directory before `--db` is applied."""
+    from polar.mitm.proxy import free_port
+
+    cwd, elsewhere = tmp_path / "cwd", tmp_path / "data" / "c.db"
+    cwd.mkdir()
+    elsewhere.parent.mkdir()
+    proxy = SubprocessProxy(ProxyConfig(port=free_port(), db=str(elsewhere)))
+    proxy.launch(cwd=str(cwd))
+    try:
+        proxy.wait_ready()
+    finally:
+        proxy.stop()
+    assert elsewhere.exists() and sorted(p.name for p in cwd.iterdir()) == []
