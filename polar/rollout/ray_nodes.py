@@ -57,7 +57,8 @@ class NodeActor:
             self.capture_db = str(db.with_name(f"{db.stem}-{self.config.name}{db.suffix}"))
             self.proxy, env = embedded_gateway(spec["upstream"], self.capture_db, spec.get("port", 0),
                                                spec.get("upstream_model", ""), spec.get("tokenizer", ""),
-                                               spec.get("docker", False), spec.get("allow_open_egress"))
+                                               spec.get("docker", False), spec.get("allow_open_egress"),
+                                               spec.get("upstream_stall", 0))
             self.runtimes = list(env.runtimes.values())
             phases = SessionPhases(env, self.config)
         else:

@@ -27,10 +27,11 @@ from polar.errors import GatewayError
 from polar.sessions.state import SessionView
 from polar.tokens.shaping import TemplateTraits
 from polar.upstream.base import Backend, UpstreamStream
-from polar.upstream.fleet.health import NO_VERSION, Prober, answers, weight_version
+from polar.upstream.fleet.health import NO_VERSION, Prober, weight_version
 from polar.upstream.fleet.metrics import hit_rate, scrape
 from polar.upstream.fleet.replicas import Held, Replica, replica_failed
 from polar.upstream.fleet.routing import CallShape, Router, call_shape
+from polar.upstream.stall import answers
 
 log = logging.getLogger("polar.fleet")
 
