@@ -172,9 +172,11 @@ class FleetBackend:
         return {"replicas": replicas, "routing": dict(self.router.counts), "imbalance": self.router.imbalance,
                 "policy_version": self.policy_version}
 
-    async def report(self) -> dict[str, Any]:
-        """`status` with every replica's vLLM metrics scraped now (those that do not answer keep their last)."""
-        found = await asyncio.gather(*(scrape(r.url, self.probe_timeout, self.probe_headers) for r in self.replicas))
+    async def report(self, timeout: float | None = None) -> dict[str, Any]:
+        """`status` with every replica's vLLM metrics scraped now (those that do not answer within `timeout`,
+        default the probes', keep their last)."""
+        wait = timeout or self.probe_timeout
+        found = await asyncio.gather(*(scrape(r.url, wait, self.probe_headers) for r in self.replicas))
         for replica, metrics in zip(self.replicas, found, strict=True):
             if metrics is not None:
                 replica.metrics = metrics
