@@ -50,6 +50,7 @@ class Stall:
     def __init__(self, url: str, seconds: float, headers: dict[str, str] | None = None,
                  probe_timeout: float = PROBE_TIMEOUT):
         self.url, self.seconds, self.headers, self.probe_timeout = url, seconds, headers or {}, probe_timeout
+        self._probe: asyncio.Task[bool] | None = None
 
     async def watch[T](self, work: Awaitable[T], discard: Callable[[T], None] | None = None) -> T:
         """`work` (a whole answer, or a stream's head): its own timeout bounds it; the stall bound, its silence.
@@ -84,7 +85,15 @@ class Stall:
     async def _silent(self, task: asyncio.Future, what: str) -> None:
         """`task` has brought nothing for `seconds`: probe the server every `seconds` until it does."""
         while not task.done():
-            if not await answers(self.url, self.probe_timeout, self.headers) and not task.done():
+            if not await self._answers() and not task.done():
                 raise GatewayError("upstream_timeout", f"the upstream {self.url} stalled: {what} for "
                                                        f"{self.seconds:g} s, and its health probe failed too")
             await asyncio.wait({task}, timeout=self.seconds)
+
+    async def _answers(self) -> bool:
+        """The server's health probe, one at a time, shared by every call waiting on it: a busy server with many
+        calls in its queue gets one probe, not one per call."""
+        probe = self._probe
+        if probe is None or probe.done() or probe.get_loop() is not asyncio.get_running_loop():
+            probe = self._probe = asyncio.ensure_future(answers(self.url, self.probe_timeout, self.headers))
+        return await asyncio.shield(probe)  # a caller giving up leaves the probe to the others
