@@ -194,3 +194,18 @@ def test_rollout_status_shows_every_node_actor_s_fleet(local_ray, double_server,
         assert sum(r["calls"] for r in node["fleet"]["replicas"]) == len(rows) + len(failed_over)
         assert bool(failed_over) == (node["node"] in out_on)
         assert all(r["status"] == "ok" and r["replica"] == urls[0] for r in failed_over)
+    # `polar report` reads every node's database as one run: each replica's share over all the nodes.
+    from polar.cli.report import report
+
+    dbs = sorted(tmp_path.glob("captures-fleet-*.db"))
+    out = CliRunner().invoke(report, [a for db in dbs for a in ("--db", str(db))] + ["--out", str(tmp_path / "r.html")])
+    assert out.exit_code == 0 and "10 sessions" in out.output, out.output
+    html = (tmp_path / "r.html").read_text()
+    assert "Fleet replicas" in html and all(url in html for url in urls)
+    from polar.reporting import gather
+
+    rows = [r for db in dbs for r in CaptureReader(db).calls(with_tokens=False)]
+    by_url = {r.replica: r for r in gather(captures=dbs).replicas}
+    assert len(rows) == sum(r.calls for r in by_url.values()) == sum(r.ok for r in by_url.values()) == 10
+    assert by_url[other.url].calls == 2  # one session of each node before the kill
+    assert by_url[other.url].failed_over == sum(1 for r in rows if r["result"].get("failovers"))
