@@ -1,9 +1,10 @@
 """The fleet as one Backend: the gateway pipeline drives it as it drives a single upstream.
 
 Each call is placed by the router (routing.py) and sampled by that replica's own backend (a TokenFaithful
-or VLLMChat of its own). A replica that refuses the connection, answers 5xx, stalls or breaks off is taken
-out (replicas.py) and probed until it answers again (health.py); its sessions move on their next call, and
-stay token-faithful there, since the prompt is built from the ids polar holds, not from the replica's cache.
+or VLLMChat of its own). A replica that refuses the connection, answers 5xx, stalls (its upstream timeout, or
+the stall bound: polar/upstream/stall.py) or breaks off is taken out (replicas.py) and probed until it answers
+again (health.py); its sessions move on their next call, and stay token-faithful there, since the prompt is
+built from the ids polar holds, not from the replica's cache.
 A call the failed replica was answering is sent once more, to another replica, if nothing of the answer
 has reached the client yet (a whole answer, or a stream that yielded no text); one that had begun to
 stream ends with the provider's error, as with a single upstream. The result and the error both name the
