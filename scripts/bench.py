@@ -10,6 +10,7 @@ the others start (scripts/benchkit/targets.py); run alone, they serve until stop
 
 from __future__ import annotations
 
+import ast
 import runpy
 import sys
 from pathlib import Path
@@ -21,10 +22,21 @@ def benchmarks() -> dict[str, Path]:
     return {p.stem.removeprefix("bench_"): p for p in sorted(SCRIPTS.glob("bench_*.py"))}
 
 
+def summary(script: Path) -> str:
+    """The first line of a benchmark's docstring, without its "Benchmark: " (read, not imported)."""
+    doc = ast.get_docstring(ast.parse(script.read_text())) or ""
+    return doc.partition("\n")[0].removeprefix("Benchmark: ")
+
+
+def usage(known: dict[str, Path]) -> str:
+    width = max(map(len, known))
+    return "\n".join([__doc__.strip(), "", "benchmarks:", *(f"  {name:<{width}}  {summary(path)}" for name, path in known.items())])
+
+
 def main(argv: list[str]) -> int:
     known = benchmarks()
     if not argv or argv[0] in ("-h", "--help", "--list"):
-        print(__doc__.strip() if not argv or argv[0] != "--list" else "\n".join(known))
+        print(usage(known) if not argv or argv[0] != "--list" else "\n".join(known))
         return 0
     name, rest = argv[0].removeprefix("bench_").removesuffix(".py"), argv[1:]
     if name not in known:

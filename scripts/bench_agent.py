@@ -3,7 +3,7 @@
 
 Each CLI's real first request (data/harness_requests/<cli>.json, scripts/record_harness_requests.py) starts
 --sessions sessions at once; every turn appends the answer the client received (parsed from that provider's
-response, streamed or not) and ~2 KB (--tool-bytes) of tool output in the CLI's own tool-result shape (scripts/agent_replay.py),
+response, streamed or not) and ~2 KB (--tool-bytes) of tool output in the CLI's own tool-result shape (scripts/benchkit/replay.py),
 for --turns turns. The same upstream serves every target (scripts/bench_upstream.py: the scripted vLLM double,
 real tokenizer, whose script makes every turn think, say a line and call the CLI's shell tool):
   direct      — the request straight to the upstream (OpenAI Chat only: the upstream speaks nothing else), with the
@@ -40,44 +40,30 @@ import shutil
 import signal
 import sqlite3
 import sys
-import time
 from collections.abc import Sequence
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 from rich.table import Table
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from agent_replay import AUTH, Fixture, Session, api_of  # noqa: E402
-from bench_storage import measure, prose, unique_tokens  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_storage import measure, unique_tokens  # noqa: E402
 from benchkit import args as flags  # noqa: E402
-from benchkit.load import percentile, streams_of  # noqa: E402
-from benchkit.profile import PARTS, Profile, Profiler, growth  # noqa: E402
+from benchkit.load import streams_of  # noqa: E402
+from benchkit.lockstep import Replay, ReplayTarget, bucket_ranges, play, takes_format  # noqa: E402
+from benchkit.profile import PARTS, growth  # noqa: E402
+from benchkit.replay import Fixture, Session, api_of, prose  # noqa: E402
 from benchkit.report import Run as Bench  # noqa: E402
 from benchkit.report import ms  # noqa: E402
 from benchkit.report import table as new_table  # noqa: E402
-from benchkit.targets import (  # noqa: E402
-    DEFAULT_LITELLM,
-    DIRECT_BODY,
-    Service,
-    descendants,
-    start_litellm,
-    start_polar,
-    start_upstream,
-    upstream_url,
-)
+from benchkit.targets import Service, peak_rss, start_litellm, start_polar, start_upstream, upstream_url  # noqa: E402
 
 from polar.harnesses import get as harness_of  # noqa: E402
 
 TARGETS = ("direct", "polar", "polar-chat", "litellm")
 DEFAULT_CLIS = ("claude_code", "codex", "gemini_cli", "qwen_code")  # one per provider API, and Claude Code
-UPSTREAM_MODEL = DIRECT_BODY["model"]
-# LiteLLM's own route for each format (polar answers the CLI's path as recorded).
-LITELLM_PATHS = {"anthropic": "/v1/messages", "openai_chat": "/v1/chat/completions", "openai_responses": "/v1/responses"}
 
 
 # -- the upstream's script ---------------------------------------------------------------------------------
@@ -99,197 +85,39 @@ def script(clis: Sequence[str], turns: int) -> dict[str, Any]:
 # -- targets -----------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Target:
-    """One proxy (or the upstream itself) for one CLI's format."""
-
-    name: str
-    base: str  # root URL
-    proxy: Service | None
-    db: Path | None = None  # polar's capture database
-
-    def url(self, fixture: Fixture, path: str) -> str:
-        if self.name == "direct":
-            return f"{self.base}/v1/chat/completions"
-        if self.name == "litellm" and fixture.provider in LITELLM_PATHS:
-            return self.base + LITELLM_PATHS[fixture.provider] + ("?beta=true" if "beta=true" in path else "")
-        return self.base + path  # polar: the CLI's own path; LiteLLM's Gemini routes are Google's paths
-
-    def body(self, raw: bytes) -> bytes:
-        if self.name != "direct":
-            return raw
-        body = json.loads(raw)  # what polar and LiteLLM send the upstream: its model name, ids and logprobs
-        body.update(model=UPSTREAM_MODEL, return_token_ids=True, logprobs=True)
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def formats_of(target: str, provider: str) -> bool:
-    """Whether a target can take that provider's format at all (direct: only the upstream's own)."""
-    return target != "direct" or provider == "openai_chat"
-
-
-def start_targets(names: Sequence[str], fixture: Fixture, work: Path, upstream: Service, args) -> list[Target]:
+def start_targets(names: Sequence[str], fixture: Fixture, work: Path, upstream: Service, args) -> list[ReplayTarget]:
     targets = []
     for name in names:
-        if not formats_of(name, fixture.provider):
+        if not takes_format(name, fixture.provider):
             continue
         if name == "direct":
-            targets.append(Target(name, upstream_url(upstream), None))
+            targets.append(ReplayTarget(name, upstream_url(upstream), None))
         elif name in ("polar", "polar-chat"):
-            tokenizer = args.tokenizer if name == "polar" else None
-            proxy = start_polar(work, upstream, args.sync, tokenizer)
-            tag = args.sync.lower() + ("-tokens" if tokenizer else "")
-            targets.append(Target(name, proxy.health_url.rstrip("/"), proxy, work / f"captures-{tag}.db"))
+            proxy = start_polar(work, upstream, args.sync, args.tokenizer if name == "polar" else None)
+            targets.append(ReplayTarget(name, proxy.base_url, proxy))
         else:
             model = fixture.first.get("model") or harness_of(fixture.cli).model  # Gemini's is in the path
             # Responses bridged to the upstream's chat endpoint (LiteLLM would call a vLLM's own /v1/responses).
             proxy = start_litellm(work, upstream, Path(args.litellm), names=[model],
                                   extra_params={"use_chat_completions_api": True})
-            targets.append(Target(name, proxy.health_url.removesuffix("/health/liveliness"), proxy))
+            targets.append(ReplayTarget(name, proxy.base_url, proxy))
     return targets
 
 
-# -- the load --------------------------------------------------------------------------------------------------
-
-
 @dataclass
-class Bucket:
-    """One target's calls over a range of turns."""
+class Run(Replay):
+    """A replay with what its target's process and database show after it."""
 
-    first: int
-    last: int
-    calls: int = 0
-    cpu: float | None = None  # proxy seconds over the bucket
-    wall: float = 0.0
-    profile: Profile | None = None  # py-spy's samples of the proxy over the bucket (--profile)
-
-    @property
-    def cpu_ms(self) -> float | None:
-        return None if self.cpu is None or not self.calls else self.cpu * 1000 / self.calls
-
-
-@dataclass
-class Run:
-    """One target for one CLI, streamed or not: its sessions, buckets, latencies and what went wrong."""
-
-    cli: str
-    api: str
-    stream: bool
-    target: Target
-    sessions: list[Session]
-    buckets: list[Bucket] = field(default_factory=list)
-    latencies: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
     peak_rss: int | None = None  # bytes
     db_bytes: int | None = None
     tokens: int | None = None  # unique tokens: the sum of the sessions' final contexts (polar's database)
     context: int | None = None  # the longest context a session reached (polar's database)
 
-    @property
-    def calls(self) -> int:
-        return sum(b.calls for b in self.buckets)
-
-    @property
-    def cpu_ms(self) -> float | None:
-        cpu = [b.cpu for b in self.buckets if b.cpu is not None]
-        return cpu and self.calls and sum(cpu) * 1000 / self.calls or None
-
-    @property
-    def rate(self) -> float:
-        wall = sum(b.wall for b in self.buckets)
-        return self.calls / wall if wall else 0.0
-
-    def pct(self, q: int) -> float:
-        return percentile(self.latencies, q) * 1000
-
-
-async def send(client: httpx.AsyncClient, run: Run, session: Session) -> bytes:
-    """One turn's request as the CLI sent it (its recorded headers, a dummy key, polar's session header)."""
-    fixture = session.api.fixture
-    path, raw = session.request()
-    headers = {**fixture.headers, **AUTH[fixture.provider], "x-polar-session": f"{run.cli}-{run.stream:d}-{session.number}"}
-    resp = await client.post(run.target.url(fixture, path), content=run.target.body(raw), headers=headers)
-    if resp.status_code != 200 or b"event: error" in resp.content:
-        raise ValueError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-    return resp.content
-
-
-async def call(client: httpx.AsyncClient, run: Run, session: Session) -> None:
-    """One timed turn of one session; a failed call ends that session (its history can no longer grow as the
-    client's would)."""
-    started = time.perf_counter()
-    try:
-        raw = await send(client, run, session)
-        run.latencies.append(time.perf_counter() - started)
-        session.received(raw)
-    except (httpx.HTTPError, ValueError, KeyError, StopIteration) as exc:
-        run.errors.append(f"{run.target.name} session {session.number} turn {session.turns + 1}: {exc!r}"[:500])
-        run.sessions.remove(session)
-
-
-async def warm(client: httpx.AsyncClient, run: Run) -> None:
-    """One untimed first turn in a session of its own (start-up work, first-use caches); a target that cannot
-    take the format at all fails here, and its sessions do not run."""
-    session = Session(run.sessions[0].api, -1, run.stream, tool_bytes=run.sessions[0].tool_bytes)
-    try:
-        session.received(await send(client, run, session))
-    except (httpx.HTTPError, ValueError, KeyError, StopIteration) as exc:
-        run.errors.append(f"{run.target.name} cannot take this format: {exc!r}"[:500])
-        run.sessions.clear()
-
-
-async def bucket(client: httpx.AsyncClient, run: Run, first: int, last: int, profile: Path | None = None) -> None:
-    """Turns first..last in lock-step, CPU measured around them (and sampled by py-spy with `profile`)."""
-    proxy = run.target.proxy
-    profiler = None
-    if profile is not None and proxy is not None and run.target.name.startswith("polar"):
-        profiler = Profiler(proxy.proc.pid, profile / f"{run.cli}-{run.target.name}-{'stream' if run.stream else 'whole'}"
-                                                      f"-t{first}-{last}.txt")
-        await asyncio.sleep(1.0)  # py-spy attaches before the bucket's first call
-    done, cpu0, t0 = len(run.latencies), proxy.cpu_seconds() if proxy else None, time.perf_counter()
-    for _ in range(first, last + 1):
-        await asyncio.gather(*(call(client, run, s) for s in list(run.sessions)))
-    wall = time.perf_counter() - t0
-    cpu = proxy.cpu_seconds() - cpu0 if proxy else None
-    run.buckets.append(Bucket(first, last, len(run.latencies) - done, cpu, wall,
-                              await asyncio.to_thread(profiler.stop) if profiler else None))
-
-
-def bucket_ranges(turns: int, ends: Sequence[int]) -> list[tuple[int, int]]:
-    """1..e1, e1+1..e2, ... up to `turns` (the last bucket ends at `turns`)."""
-    edges = [0, *(e for e in sorted(ends) if e < turns), turns]
-    return [(a + 1, b) for a, b in zip(edges, edges[1:], strict=False)]
-
-
-async def play(runs: list[Run], ranges: list[tuple[int, int]], profile: Path | None = None) -> None:
-    # Idle connections are dropped after 2 s, before a server's own keep-alive timeout (uvicorn's, under
-    # LiteLLM: 5 s, httpx's default too): at 256 sessions a turn's slowest call leaves the others idle for
-    # seconds, and a connection the server closes as a call reuses it is a ReadError no proxy caused.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        for run in runs:
-            await warm(client, run)
-        for first, last in ranges:
-            for run in runs:  # side by side: a load spike hits every target's bucket alike
-                await bucket(client, run, first, last, profile)
-
 
 # -- after a run -------------------------------------------------------------------------------------------
 
 
-def peak_rss(pid: int) -> int:
-    """VmHWM of a process and its live children, in bytes."""
-    total = 0
-    for p in [pid, *descendants(pid)]:
-        try:
-            status = Path(f"/proc/{p}/status").read_text()
-        except OSError:
-            continue
-        total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
-    return total
-
-
-def finish(target: Target, runs: list[Run]) -> None:
+def finish(target: ReplayTarget, runs: list[Run]) -> None:
     """Peak RSS, then the proxy stopped (its captures committed) and polar's database measured; the figures
     go to each of the target's runs (the streamed and the non-streamed sessions share its process)."""
     if target.proxy is None:
@@ -378,10 +206,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--buckets", type=int, nargs="+", default=[10, 30, 60, 100], help="last turn of each bucket")
     ap.add_argument("--stream", choices=["no", "yes", "both"], default="both")
     ap.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
-    ap.add_argument("--sync", choices=["FULL", "NORMAL"], default="FULL", help="polar's capture commit mode")
+    flags.sync_arg(ap, "FULL")
     flags.tokenizer_arg(ap)
-    ap.add_argument("--litellm", default=str(DEFAULT_LITELLM), help="the LiteLLM proxy's `litellm` executable")
-    ap.add_argument("--no-litellm", action="store_true")
+    flags.litellm_args(ap)
     ap.add_argument("--dir", type=Path, help="keep databases and logs here (default: a temporary directory)")
     ap.add_argument("--profile", type=Path, metavar="DIR",
                     help="py-spy each polar target over each bucket (collapsed stacks in DIR): what the request's JSON "
@@ -390,8 +217,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.no_litellm:
         args.targets = [t for t in args.targets if t != "litellm"]
-    if "litellm" in args.targets and not os.access(args.litellm, os.X_OK):
-        ap.error(f"no LiteLLM proxy at {args.litellm}: run scripts/setup_litellm.sh (or pass --no-litellm)")
+    flags.check_litellm(ap, args, "litellm" in args.targets)
     if min(args.sessions, args.turns, args.tool_bytes) < 1:
         ap.error("--sessions, --turns and --tool-bytes must be at least 1")
     return args
@@ -446,7 +272,7 @@ def profile_lines(run: Run) -> list[str]:
 
 
 def unsupported(args, fixtures: list[Fixture]) -> list[str]:
-    skipped = sorted({f.api for f in fixtures if not formats_of("direct", f.provider)})
+    skipped = sorted({f.api for f in fixtures if not takes_format("direct", f.provider)})
     return [f"direct: only the OpenAI Chat format (the upstream speaks nothing else); not for {', '.join(skipped)}"] \
         if "direct" in args.targets and skipped else []
 

@@ -31,7 +31,6 @@ from benchkit import args as cli  # noqa: E402
 from benchkit.load import run_matrix, streams_of  # noqa: E402
 from benchkit.report import Run, results_table, target_lines  # noqa: E402
 from benchkit.targets import (  # noqa: E402
-    DEFAULT_LITELLM,
     check_targets,
     direct_target,
     litellm_target,
@@ -47,17 +46,14 @@ def main(argv: Sequence[str] | None = None) -> list:
     cli.common_args(ap)
     cli.rounds_arg(ap)
     cli.reference_args(ap)
-    ap.add_argument("--litellm", default=str(DEFAULT_LITELLM), help="the LiteLLM proxy's `litellm` executable")
-    which = ap.add_mutually_exclusive_group()
-    which.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out (direct and polar only)")
+    which = cli.litellm_args(ap)
     which.add_argument("--litellm-plain", action="store_true",
                        help="also a second LiteLLM, `litellm-plain`, asking the upstream for no token ids or "
                             "logprobs (LiteLLM's own default; polar always needs them)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     cli.check_args(ap, args)
-    if not args.no_litellm and not os.access(args.litellm, os.X_OK):
-        ap.error(f"no LiteLLM proxy at {args.litellm}: run scripts/setup_litellm.sh (or pass --no-litellm)")
+    cli.check_litellm(ap, args)
 
     polar_names = [cli.polar_name(sync, args.sync) for sync in args.sync]
     with Run("bench_peers.py", argv) as run:

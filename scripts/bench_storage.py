@@ -43,6 +43,7 @@ from rich.table import Table
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from benchkit import args as cli  # noqa: E402
+from benchkit.replay import blocks_of, prose, tool_output  # noqa: E402
 from benchkit.report import Run, table  # noqa: E402
 from benchkit.targets import ANTHROPIC_HEADERS, start_polar, start_upstream  # noqa: E402
 
@@ -51,22 +52,6 @@ from polar.capture.dictionaries import Dictionaries  # noqa: E402
 from polar.capture.reader import CaptureReader  # noqa: E402
 from polar.capture.records import stored_message  # noqa: E402
 from polar.capture.schema import STORED_BYTES, stored_bytes  # noqa: E402
-
-WORDS = ("the of to and a in is it you that for on with as are this be at or have from by not but what all when "
-         "can use tool file code user task run test read write edit command output must should never always only "
-         "each before after change project repository function error result make sure check path line return "
-         "value new old search pattern commit branch message prefer avoid explain concise answer step plan").split()
-
-
-def prose(rng: random.Random, chars: int) -> str:
-    """English-like instructions: a small vocabulary in sentences, about as compressible as real prose."""
-    out: list[str] = []
-    size = 0
-    while size < chars:
-        sentence = " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 18))).capitalize() + "."
-        out.append(sentence)
-        size += len(sentence) + 1
-    return " ".join(out)
 
 
 def tools(rng: random.Random) -> list[dict[str, Any]]:
@@ -96,23 +81,6 @@ def first_request(rng: random.Random, session: int) -> dict[str, Any]:
                                                       {"type": "text", "text": task}]}]}
 
 
-def tool_output(session: int, turn: int, size: int = 2000) -> str:
-    """~`size` bytes of a tool's output: file listings, code, test logs — different per session and turn."""
-    rng = random.Random(f"out {session} {turn}")
-    lines: list[str] = []
-    while sum(len(line) + 1 for line in lines) < size:
-        kind = rng.randrange(3)
-        if kind == 0:
-            lines.append(f"src/pkg_{rng.randrange(40)}/module_{rng.randrange(200)}.py:{rng.randrange(900)}: "
-                         f"def handler_{rng.randrange(10_000)}(request, *, timeout={rng.randrange(60)}):")
-        elif kind == 1:
-            lines.append(f"tests/test_{rng.randrange(300)}.py::test_case_{rng.randrange(5000)} "
-                         f"{rng.choice(['PASSED', 'FAILED', 'SKIPPED'])} [{rng.randrange(100)}%]")
-        else:
-            lines.append("    " + prose(rng, 60))
-    return "\n".join(lines)
-
-
 def script(turns: int) -> dict[str, Any]:
     """The double's answers: every turn thinks, says a line and calls a tool."""
     rng = random.Random("answers")
@@ -124,28 +92,6 @@ def script(turns: int) -> dict[str, Any]:
 
 
 # -- the client ------------------------------------------------------------------------------------
-
-
-def blocks_of(sse: bytes) -> list[dict[str, Any]]:
-    """The assistant content a client rebuilds from an Anthropic Messages stream, as it sends it back."""
-    blocks: list[dict[str, Any]] = []
-    partial: dict[int, str] = {}
-    for line in sse.decode().splitlines():
-        if not line.startswith("data: "):
-            continue
-        event = json.loads(line[6:])
-        if event["type"] == "content_block_start":
-            blocks.append(dict(event["content_block"]))
-        elif event["type"] == "content_block_delta":
-            block, delta = blocks[event["index"]], event["delta"]
-            if delta["type"] == "input_json_delta":
-                partial[event["index"]] = partial.get(event["index"], "") + delta["partial_json"]
-            else:
-                key = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature"}[delta["type"]]
-                block[key] = block.get(key, "") + delta[key]
-    for index, raw in partial.items():
-        blocks[index]["input"] = json.loads(raw)
-    return blocks
 
 
 async def play(client: httpx.AsyncClient, url: str, session: int, turns: int, sent: list[str]) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import math
 import sqlite3
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -36,7 +35,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_tokens as tokens  # noqa: E402  (puts the repository on sys.path too)
 from benchkit import args as cli  # noqa: E402
+from benchkit.args import parse_size, size_label  # noqa: E402
+from benchkit.load import percentile  # noqa: E402
 from benchkit.report import Run, table  # noqa: E402
+from benchkit.store import GatewayCall, store_session, used_bytes, write_call  # noqa: E402
 
 from polar.capture.schema import stored_bytes  # noqa: E402
 from polar.capture.writer import CaptureWriter  # noqa: E402
@@ -52,16 +54,14 @@ class Session:
 
     size: int
     tokens: int  # final prompt + sample
-    calls: list[tokens.GatewayCall]
-    built: list[tokens.Built]
-    raw: list[tokens.Call]
+    calls: list[GatewayCall]
 
 
 def synthesize(synth: tokens.SessionSynth, size: int, turns: int | None) -> Session:
     calls = synth.session(size, turns or tokens.auto_turns(size))
     built = tokens.build_prompts(synth.template, calls, repeat=1)
     return Session(size, len(built[-1].prompt) + len(calls[-1].sampled),
-                   tokens.gateway_calls(calls, built, synth.seed), built, calls)
+                   tokens.gateway_calls(calls, built, synth.seed))
 
 
 def tagged_canonicals(session: Session, tag: str) -> list[dict[str, Any]]:
@@ -98,15 +98,7 @@ class Rate:
     latencies: list[float]  # per call: begin → completion committed
 
     def pct(self, q: int) -> float:
-        return statistics.quantiles(self.latencies, n=100, method="inclusive")[q - 1] * 1000
-
-
-def used_bytes(conn: sqlite3.Connection) -> int:
-    """Pages in use: the file less its free list (the store pre-sizes its WAL with scratch pages that end
-    up free in the database file, ~4 MB reused by later rows)."""
-    count, free, page = (conn.execute(f"PRAGMA {name}").fetchone()[0] for name in
-                         ("page_count", "freelist_count", "page_size"))
-    return (count - free) * page
+        return percentile(self.latencies, q) * 1000
 
 
 def write_rate(session: Session, sync: str, concurrency: int, min_rows: int, workdir: Path) -> Rate:
@@ -124,7 +116,7 @@ def write_rate(session: Session, sync: str, concurrency: int, min_rows: int, wor
             state = SessionState()
             for i, call in enumerate(session.calls):
                 t = time.perf_counter()
-                await tokens.write_call(store, state, name, call, f"{name}-{i:04d}", canonicals[name][i])
+                await write_call(store, state, name, call, f"{name}-{i:04d}", canonicals[name][i])
                 latencies.append(time.perf_counter() - t)
 
     async def run() -> float:
@@ -143,7 +135,7 @@ def write_rate(session: Session, sync: str, concurrency: int, min_rows: int, wor
 
 
 def rate_table(rates: list[Rate], session: Session) -> Table:
-    out = table(f"Capture store write rate: concurrent sessions of {tokens.size_label(session.size)} "
+    out = table(f"Capture store write rate: concurrent sessions of {size_label(session.size)} "
                 f"({session.tokens} tokens, {len(session.calls)} calls each), through CaptureWriter",
                 ("sync", "sessions", "rows", "rows/s", "MB/s", "commit p50 ms", "commit p99 ms", "CPU ms/row",
                  "vs 1 session"), left=("sync",))
@@ -172,7 +164,7 @@ class Footprint:
 
 def footprint(session: Session, seed: int, workdir: Path) -> Footprint:
     path = workdir / f"size-{session.size}.db"
-    stored = tokens.store_session(path, session.raw, session.built, seed)
+    stored = store_session(path, session.calls, seed)
     with sqlite3.connect(path) as conn:
         kinds = stored_bytes(conn)
         pages = dict(conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall())
@@ -192,7 +184,7 @@ def size_table(prints: list[Footprint]) -> Table:
                               "other"], left=())
     for f in prints:
         other = f.used_bytes - sum(f.parts.values())
-        out.add_row(tokens.size_label(f.size), str(f.calls), str(f.tokens), f"{f.file_bytes:,}",
+        out.add_row(size_label(f.size), str(f.calls), str(f.tokens), f"{f.file_bytes:,}",
                     f"{f.file_bytes - f.used_bytes:,}", f"{f.used_bytes:,}", f"{f.used_bytes / f.tokens:.1f}",
                     *(f"{v:,}" for v in f.parts.values()), f"{other:,}")
     return out
@@ -204,40 +196,31 @@ def size_table(prints: list[Footprint]) -> Table:
 def main(argv: Sequence[str] | None = None) -> tuple[list[Rate], list[Footprint]]:
     ap = cli.parser(__doc__)
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 256], help="concurrent sessions per row")
-    ap.add_argument("--sync", choices=["FULL", "NORMAL"], nargs="+", default=["FULL", "NORMAL"],
-                    help="capture commit modes (polar_db_sync)")
-    ap.add_argument("--session-size", type=tokens.parse_size, default=tokens.parse_size("16k"),
+    cli.sync_arg(ap, ["FULL", "NORMAL"])
+    ap.add_argument("--session-size", type=parse_size, default=parse_size("16k"),
                     help="tokens per replayed session in the write-rate table")
     ap.add_argument("--rows", type=int, default=3000, help="at least this many rows per write-rate cell")
-    ap.add_argument("--sizes", type=tokens.parse_size, nargs="*",
-                    default=[tokens.parse_size(s) for s in tokens.DEFAULT_SIZES],
-                    help="session lengths for the bytes-per-session table (none: skip it)")
-    ap.add_argument("--turns", type=int, help="calls per session (default: 6 to 60, growing with the size)")
+    cli.session_args(ap, "session lengths for the bytes-per-session table (none: skip it)", nargs="*")
     cli.tokenizer_arg(ap, help="tokenizer dir")
     ap.add_argument("--dir", help="where the databases go (default: the temporary directory; its disk decides "
                                   "what an fsync costs)")
-    ap.add_argument("--seed", type=int, default=7)
     cli.markdown_arg(ap, "tables")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     if min(args.sessions) < 1 or args.rows < 1:
         ap.error("--sessions and --rows must be at least 1")
-    if args.turns is not None and args.turns < 2:
-        ap.error("--turns must be at least 2")
-    cli.check_tokenizer(ap, args.tokenizer)
+    cli.check_sessions(ap, args)
     if args.dir and not Path(args.dir).is_dir():
         ap.error(f"--dir {args.dir} is not a directory")
 
     run = Run("bench_store.py", argv, dir=args.dir)
-    console, started = run.console, run.started
     synth = tokens.SessionSynth(ChatTemplate.from_dir(args.tokenizer), thinking=True, seed=args.seed)
     sessions: dict[int, Session] = {}
 
     def session_of(size: int) -> Session:
         if size not in sessions:
             sessions[size] = synthesize(synth, size, args.turns)
-            console.print(f"[dim]{tokens.size_label(size)} session synthesized at {time.perf_counter() - started:.0f} s"
-                          "[/dim]")
+            run.progress(f"{size_label(size)} session synthesized at {time.perf_counter() - run.started:.0f} s")
         return sessions[size]
 
     with run:

@@ -42,202 +42,45 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
-import gc
-import json
 import os
 import sqlite3
 import statistics
 import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import aiohttp
 import httpx
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import args as cli  # noqa: E402
-from benchkit.load import cell_requests, percentile  # noqa: E402
-from benchkit.report import Run, as_markdown, ms, table  # noqa: E402
+from benchkit.load import percentile  # noqa: E402
+from benchkit.report import Run, ms, table  # noqa: E402
+from benchkit.stream import (  # noqa: E402
+    CHAT,
+    GENERATE,
+    Call,
+    StreamCell,
+    StreamTarget,
+    anthropic_stream_target,
+    first_call,
+    run_stream_matrix,
+)
 from benchkit.targets import (  # noqa: E402
-    ANTHROPIC_BODY,
-    ANTHROPIC_HEADERS,
-    DEFAULT_LITELLM,
     Service,
     start_litellm,
     start_polar,
     start_upstream,
+    upstream_last_body,
     upstream_stats,
     upstream_url,
 )
 
-CHAT, GENERATE, ANTHROPIC = "chat", "generate", "anthropic"  # what a target's stream looks like
-# Thinking off: the prompt closes the think block, so every sampled token (but the stop id) is answer text.
-ANTHROPIC_STREAM = {**ANTHROPIC_BODY, "max_tokens": 4096, "stream": True, "thinking": {"type": "disabled"}}
 # LiteLLM maps "thinking disabled" to `reasoning_effort: none`, which Qwen's chat templates ignore (the model
 # would think first, a different and longer answer): it also sends what polar sends for it.
 LITELLM_EXTRA = {"chat_template_kwargs": {"enable_thinking": False}}
 
-
-@dataclass
-class StreamTarget:
-    name: str
-    kind: str  # CHAT | GENERATE | ANTHROPIC
-    url: str
-    body: dict[str, Any]
-    headers: dict[str, str]
-    proxy: Service | None = None
-    baseline: str | None = None  # the direct target whose stream this one translates
-
-    def warm_body(self) -> dict[str, Any]:
-        """The same call, not streamed: opens a connection without waiting for a paced stream."""
-        return {k: v for k, v in self.body.items() if k not in ("stream", "stream_options")}
-
-
-@dataclass
-class Call:
-    """One streamed call as the client saw it (times in seconds from sending the request)."""
-
-    ttft: float
-    total: float
-    marks: list[tuple[int, float]]  # per event with answer text: (text so far in chars | generate: ids so far, time)
-    tokens: int  # sampled tokens, as the stream's usage says
-    text: str  # the answer text (generate: "", its ids are in `ids`)
-    ids: list[int]
-    sent: float = 0.0  # wall clock, to line the call up with the upstream's and polar's own timestamps
-
-
-class StreamError(Exception):
-    pass
-
-
-async def stream_call(session: aiohttp.ClientSession, target: StreamTarget) -> Call:
-    """One streamed call, every event read as it arrives."""
-    marks: list[tuple[int, float]] = []
-    pieces: list[str] = []
-    ids: list[int] = []
-    size, tokens = 0, None
-    sent, t0 = time.time(), time.perf_counter()
-    async with session.post(target.url, json=target.body, headers=target.headers) as resp:
-        if resp.status != 200:
-            raise StreamError(f"HTTP {resp.status}: {(await resp.read())[:300]!r}")
-        async for line in resp.content:
-            if not line.startswith(b"data:"):
-                continue
-            now = time.perf_counter() - t0
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                continue
-            event = json.loads(payload)
-            if target.kind == ANTHROPIC:
-                kind = event.get("type")
-                if kind == "content_block_delta":
-                    delta = event["delta"]
-                    text = delta.get("text") or delta.get("thinking") or delta.get("partial_json") or ""
-                    pieces.append(text)
-                    size += len(text)
-                    marks.append((size, now))
-                elif kind == "message_delta":
-                    tokens = (event.get("usage") or {}).get("output_tokens", tokens)
-                elif kind == "error":
-                    raise StreamError(f"error event: {event.get('error')}")
-                continue
-            if "error" in event:
-                raise StreamError(f"error chunk: {event['error']}")
-            if event.get("usage"):
-                tokens = event["usage"].get("completion_tokens", tokens)
-            for choice in event.get("choices") or []:
-                new = choice.get("token_ids") or []
-                text = (choice.get("delta") or {}).get("content") or ""
-                if new or text:
-                    ids += new
-                    pieces.append(text)
-                    size += len(text)
-                    marks.append((len(ids) if target.kind == GENERATE else size, now))
-    total = time.perf_counter() - t0
-    if not marks:
-        raise StreamError("the stream carried no answer")
-    return Call(marks[0][1], total, marks, tokens if tokens is not None else len(ids), "".join(pieces), ids, sent)
-
-
-# -- load -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Cell:
-    """One target at one concurrency: its calls over every round."""
-
-    target: StreamTarget
-    clients: int
-    calls: list[Call] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    wall: float = 0.0
-    proxy_cpu: float | None = None  # seconds over the timed parts (None: no proxy)
-    upstream_cpu: float = 0.0
-    client_cpu: float = 0.0  # the load generator's (this process)
-
-    def cpu_ms(self, seconds: float | None) -> float | None:
-        return None if seconds is None or not self.calls else seconds * 1000 / len(self.calls)
-
-
-async def run_block(cell: Cell, upstream: Service, n: int) -> None:
-    """`n` streamed calls from `cell.clients` concurrent clients, one keep-alive connection each."""
-    target, clients = cell.target, cell.clients
-    connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
-
-        async def warm() -> None:
-            async with session.post(target.url, json=target.warm_body(), headers=target.headers) as resp:
-                await resp.read()
-                if resp.status != 200:
-                    raise RuntimeError(f"{target.name}: warm-up answered HTTP {resp.status}")
-
-        await asyncio.gather(*(warm() for _ in range(clients)))
-        todo = iter(range(n))
-
-        async def client() -> None:
-            for _ in todo:
-                try:
-                    cell.calls.append(await stream_call(session, target))
-                except (StreamError, aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
-                    cell.errors.append(f"{type(exc).__name__}: {exc}")
-
-        gc.collect()
-        gc.freeze()  # what exists now is never scanned again: no long collector pauses in the timed part
-        proxy0 = target.proxy.cpu_seconds() if target.proxy else 0.0
-        upstream0, client0, t0 = upstream.cpu_seconds(), time.process_time(), time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(clients)))
-        cell.wall += time.perf_counter() - t0
-        cell.client_cpu += time.process_time() - client0
-        cell.upstream_cpu += upstream.cpu_seconds() - upstream0
-        if target.proxy:
-            cell.proxy_cpu = (cell.proxy_cpu or 0.0) + target.proxy.cpu_seconds() - proxy0
-
-
-def split(n: int, parts: int) -> list[int]:
-    parts = max(1, min(parts, n))
-    return [n // parts + (i < n % parts) for i in range(parts)]
-
-
-async def run_matrix(targets: list[StreamTarget], upstream: Service, concurrency: list[int], requests: int,
-                     rounds: int, progress: Callable[[str], None]) -> list[Cell]:
-    cells = {(t.name, c): Cell(t, c) for c in concurrency for t in targets}
-    for clients in concurrency:
-        blocks = split(cell_requests(requests, clients), rounds)
-        for r, n in enumerate(blocks):
-            for target in targets[r % len(targets):] + targets[:r % len(targets)]:  # a different one goes first
-                cell = cells[(target.name, clients)]
-                done, errors = len(cell.calls), len(cell.errors)
-                await run_block(cell, upstream, n)
-                new = cell.calls[done:]
-                progress(f"{clients:>3} clients  round {r + 1}/{len(blocks)}  {target.name:<21} {len(new):>4} calls  "
-                         f"TTFT p50 {percentile([c.ttft for c in new], 50) * 1000:8.2f} ms  "
-                         f"stream p50 {percentile([c.total for c in new], 50) * 1000:8.1f} ms  "
-                         f"errors {len(cell.errors) - errors}")
-    return list(cells.values())
 
 
 # -- analysis -------------------------------------------------------------------------------------
@@ -270,7 +113,7 @@ class Baseline:
     arrivals: list[float]
 
     @classmethod
-    def of(cls, cell: Cell, text_ends: TextEnds) -> Baseline | None:
+    def of(cls, cell: StreamCell, text_ends: TextEnds) -> Baseline | None:
         calls = [c for c in cell.calls if len(c.marks) == len(cell.calls[0].marks)] if cell.calls else []
         if not calls:
             return None
@@ -292,7 +135,7 @@ class Baseline:
 class Figures:
     """One table row's numbers (ms)."""
 
-    cell: Cell
+    cell: StreamCell
     ttft: tuple[float, float]
     total: tuple[float, float]
     tokens: list[int]
@@ -305,7 +148,7 @@ def p50_p99(values: Sequence[float]) -> tuple[float, float]:
     return percentile(values, 50) * 1000, percentile(values, 99) * 1000
 
 
-def figures(cells: list[Cell], text_ends: TextEnds) -> list[Figures]:
+def figures(cells: list[StreamCell], text_ends: TextEnds) -> list[Figures]:
     rows = {}
     for cell in cells:
         calls = cell.calls
@@ -369,7 +212,7 @@ def target_line(rows: list[Figures]) -> str:
             f"(token-faithful) — {'met' if met else 'NOT met'}")
 
 
-def client_line(cells: list[Cell]) -> str:
+def client_line(cells: list[StreamCell]) -> str:
     """The load generator shares the machine: how much CPU it took per call."""
     parts = []
     for clients in sorted({c.clients for c in cells}):
@@ -413,9 +256,9 @@ def _within(keys: list[float], lo: float, hi: float) -> int | None:
 
 def capture_times(target: StreamTarget) -> list[tuple[float, float]]:
     """(t_start, t_first) of polar's streamed captures, from its database (polar's own clock readings)."""
-    if target.proxy is None or "--db" not in target.proxy.cmd:
+    if target.proxy is None or target.proxy.db is None:
         return []
-    db = target.proxy.cmd[target.proxy.cmd.index("--db") + 1]
+    db = target.proxy.db
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
             rows = conn.execute("SELECT t_start, t_first FROM calls WHERE stream = 1 AND t_first IS NOT NULL").fetchall()
@@ -434,7 +277,7 @@ def tokens_of(target: StreamTarget, call: Call, baseline: Baseline) -> list[tupl
     return [(min(bisect.bisect_left(baseline.ends, size), last), t) for size, t in call.marks]
 
 
-def splits(cells: list[Cell], upstream: Service, text_ends: TextEnds, first_s: float,
+def splits(cells: list[StreamCell], upstream: Service, text_ends: TextEnds, first_s: float,
            token_s: float) -> list[Split]:
     """Each one-client call lined up with the upstream's stream log (and polar's capture row) by wall clock."""
     log = sorted((arrival, first) for _, arrival, first in
@@ -487,23 +330,6 @@ def split_table(rows: list[Split]) -> Table:
 # -- set-up ---------------------------------------------------------------------------------------
 
 
-def anthropic_target(name: str, proxy: Service, base_url: str, baseline: str) -> StreamTarget:
-    return StreamTarget(name, ANTHROPIC, f"{base_url.rstrip('/')}/v1/messages", ANTHROPIC_STREAM,
-                        ANTHROPIC_HEADERS, proxy, baseline)
-
-
-async def first_call(target: StreamTarget) -> Call:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        try:
-            return await stream_call(session, target)
-        except (StreamError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise RuntimeError(f"{target.name}: {type(exc).__name__}: {exc}") from None
-
-
-def last_body(upstream: Service, path: str) -> dict[str, Any]:
-    return httpx.get(f"{upstream_url(upstream)}/_bench/stats", timeout=10).json()["last"][path]
-
-
 def start_targets(work: Path, args: argparse.Namespace, services: list[Service]) -> tuple[list[StreamTarget],
                                                                                               Service]:
     """Every process up, every target answered once, all with the same answer."""
@@ -516,21 +342,20 @@ def start_targets(work: Path, args: argparse.Namespace, services: list[Service])
     services.append(polar_chat)
     polar_tokens = start_polar(work, upstream, args.sync, tokenizer=args.tokenizer)
     services.append(polar_tokens)
-    proxied = [anthropic_target("polar chat", polar_chat, polar_chat.health_url, "direct chat"),
-               anthropic_target("polar token-faithful", polar_tokens, polar_tokens.health_url, "direct generate")]
+    proxied = [anthropic_stream_target("polar chat", polar_chat, "direct chat"),
+               anthropic_stream_target("polar token-faithful", polar_tokens, "direct generate")]
     if not args.no_litellm:
         litellm = start_litellm(work, upstream, Path(args.litellm), extra_body=LITELLM_EXTRA)
         services.append(litellm)
-        proxied.append(anthropic_target("litellm", litellm, litellm.health_url.removesuffix("/health/liveliness"),
-                                        "direct chat"))
+        proxied.append(anthropic_stream_target("litellm", litellm, "direct chat"))
     # The direct calls are exactly what polar sent upstream for the Anthropic call: read back from the upstream.
     first = {proxied[0].name: asyncio.run(first_call(proxied[0]))}
-    chat_body = last_body(upstream, "/v1/chat/completions")
+    chat_body = upstream_last_body(upstream, "/v1/chat/completions")
     first[proxied[1].name] = asyncio.run(first_call(proxied[1]))
-    generate_body = last_body(upstream, "/inference/v1/generate")
+    generate_body = upstream_last_body(upstream, "/inference/v1/generate")
     plain = {"content-type": "application/json"}
-    direct = [StreamTarget("direct chat", CHAT, f"{url}/v1/chat/completions", chat_body, plain),
-              StreamTarget("direct generate", GENERATE, f"{url}/inference/v1/generate", generate_body, plain)]
+    direct = [StreamTarget("direct chat", f"{url}/v1/chat/completions", chat_body, plain, kind=CHAT),
+              StreamTarget("direct generate", f"{url}/inference/v1/generate", generate_body, plain, kind=GENERATE)]
     for target in [*direct, *proxied[2:]]:
         first[target.name] = asyncio.run(first_call(target))
     check_answers(first, TextEnds(args.tokenizer))
@@ -549,30 +374,26 @@ def check_answers(first: dict[str, Call], text_ends: TextEnds) -> None:
 
 def main(argv: Sequence[str] | None = None) -> list[Figures]:
     ap = cli.parser(__doc__)
-    ap.add_argument("--requests", type=int, default=200,
-                    help="timed streamed calls per target and concurrency (at least 4 per client are always sent)")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], help="concurrent clients")
+    cli.load_args(ap, requests=200, concurrency=(1, 16), what="streamed calls")
     ap.add_argument("--rounds", type=int, default=4, help="blocks each cell's calls are split into, targets taking turns")
     ap.add_argument("--answer-tokens", type=int, default=200, help="about how many tokens every answer has")
     ap.add_argument("--token-delay-ms", type=float, default=10.0, help="the upstream's pace: ms between tokens")
     ap.add_argument("--first-token-delay-ms", type=float, default=20.0,
                     help="ms before the first token (queue + prefill; the stream's headers wait too)")
-    ap.add_argument("--sync", choices=["FULL", "NORMAL"], default="FULL", help="polar's capture commit mode")
+    cli.sync_arg(ap, "FULL")
     cli.tokenizer_arg(ap, help="tokenizer dir: the scripted double's, and polar token-faithful's")
-    ap.add_argument("--litellm", default=str(DEFAULT_LITELLM), help="the LiteLLM proxy's `litellm` executable")
-    ap.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
+    cli.litellm_args(ap)
     cli.markdown_arg(ap)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     cli.check_args(ap, args)
     if args.rounds < 1 or args.answer_tokens < 2 or args.token_delay_ms < 0 or args.first_token_delay_ms < 0:
         ap.error("--rounds must be at least 1, --answer-tokens at least 2, the delays not negative")
-    if not args.no_litellm and not os.access(args.litellm, os.X_OK):
-        ap.error(f"no LiteLLM proxy at {args.litellm}: run scripts/setup_litellm.sh (or pass --no-litellm)")
+    cli.check_litellm(ap, args)
 
     with Run("bench_stream.py", argv, width=400) as run:
         targets, upstream = start_targets(run.work, args, run.services)
-        cells = asyncio.run(run_matrix(targets, upstream, args.concurrency, args.requests, args.rounds, run.progress))
+        cells = asyncio.run(run_stream_matrix(targets, upstream, args.concurrency, args.requests, args.rounds, run.progress))
         stats = upstream_stats(upstream)
         where = splits(cells, upstream, TextEnds(args.tokenizer), args.first_token_delay_ms / 1000,
                        args.token_delay_ms / 1000)
@@ -581,13 +402,7 @@ def main(argv: Sequence[str] | None = None) -> list[Figures]:
              f"{args.first_token_delay_ms:g} ms, then one every {args.token_delay_ms:g} ms; 1 process each, polar "
              f"captures synchronous={args.sync}; {os.cpu_count()} cores shared by client, proxies and upstream)")
     lines = [target_line(rows), *same_answer_lines(rows), client_line(cells), stats]
-    run.report(results_table(rows, title), lines, args.markdown)
-    if where:
-        split_out = split_table(where)
-        if args.markdown:
-            as_markdown([split_out])
-        run.console.print()
-        run.console.print(split_out)
+    run.report([results_table(rows, title), *([split_table(where)] if where else [])], lines, args.markdown)
     return rows
 
 

@@ -20,14 +20,11 @@ template. Every call of the session then goes through what the gateway does with
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import gc
 import json
 import math
 import os
 import random
-import sqlite3
 import statistics
 import sys
 import time
@@ -41,14 +38,11 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import args as cli  # noqa: E402
+from benchkit.args import size_label  # noqa: E402
 from benchkit.report import Run, table  # noqa: E402
-from benchkit.targets import REPO  # noqa: E402, F401  (puts the repository on sys.path too)
+from benchkit.store import GatewayCall, Stored, store_session  # noqa: E402  (puts the repository on sys.path too)
 
 from polar.canonical import ChatRequest, ChatResult, Message, Reasoning, TextPart, ToolCall, Usage  # noqa: E402
-from polar.capture.reader import CaptureReader
-from polar.capture.records import CallEnd, CallStart, TokenRecord, encode_messages  # noqa: E402
-from polar.capture.schema import stored_bytes  # noqa: E402
-from polar.capture.writer import CaptureWriter  # noqa: E402
 from polar.providers.openai_chat import ChatContext, OpenAIChat  # noqa: E402
 from polar.providers.reasoning_seal import Sealer  # noqa: E402
 from polar.sessions.fingerprints import message_fingerprint, request_context_key  # noqa: E402
@@ -58,7 +52,6 @@ from polar.tokens.messages import to_openai_messages  # noqa: E402
 from polar.trajectories import per_request, prefix_merge  # noqa: E402
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers loads: no max-length warnings
-DEFAULT_SIZES = ["1k", "4k", "16k", "64k", "128k"]
 MODEL = "polar-tiny"
 
 
@@ -355,29 +348,6 @@ def build_one(template: ChatTemplate, buffers: SessionState, request: ChatReques
     return item
 
 
-# -- storage: a real capture database ----------------------------------------------------------------
-
-
-@dataclass
-class Stored:
-    token_bytes: int  # prompt suffixes + completion ids + completion logprobs
-    full_bytes: int  # the same columns if every prompt were stored whole
-    text_bytes: int  # request bodies, canonical requests, results, response bodies, stored messages
-    file_bytes: int  # the database file(s) after closing
-    rows: list[dict[str, Any]]
-
-
-@dataclass
-class GatewayCall:
-    """One call as the gateway hands it to the capture store (ids, session and clock filled in at write time)."""
-
-    begin: dict[str, Any]  # the pending row's fields (CallStart)
-    finish: dict[str, Any]  # the completion's fields (CallEnd), without its token columns
-    prompt: list[int]
-    sampled: list[int]
-    logprobs: list[float]
-
-
 def gateway_calls(calls: list[Call], built: list[Built], seed: int) -> list[GatewayCall]:
     """The session's calls as the gateway records them: raw body, canonical request, result, response body."""
     provider = OpenAIChat(Sealer(os.urandom(32)))  # Chat mints no seals; any key will do
@@ -406,44 +376,7 @@ def gateway_calls(calls: list[Call], built: list[Built], seed: int) -> list[Gate
     return out
 
 
-async def write_call(writer: CaptureWriter, state: SessionState, session: str, call: GatewayCall, call_id: str,
-                     canonical: dict[str, Any] | None = None) -> None:
-    """Write one call as the gateway does: the pending row, then the completion (its prompt stored against
-    the session's earlier sequences, its messages by reference), awaited until committed; then remember it."""
-    start = CallStart(call_id=call_id, session_id=session, client=None, key_hash=None, t_start=time.time(), **call.begin)
-    arrival = writer.start(start)
-    end = CallEnd(**{**call.finish, **({"canonical": canonical} if canonical is not None else {})}, t_end=time.time())
-    end.messages = encode_messages(end.canonical["messages"], state.messages)
-    end.tokens = TokenRecord(call.prompt, call.sampled, call.logprobs, state.lineage(call.prompt))
-    row_id = await writer.finish(arrival, end)
-    state.messages = end.messages.log(row_id, end.canonical["messages"])
-    state.add(Turn(row_id, state.branch_point(call.prompt).hold(call.prompt, call.sampled), len(call.prompt), "", [],
-                   ""), keep=16)
-
-
-def store_session(path: Path, calls: list[Call], built: list[Built], seed: int) -> Stored:
-    """Write the session's calls as the gateway does (one row each, tokens linear) and read them back."""
-    rng = random.Random(seed)
-    writer, state = CaptureWriter(path, synchronous="NORMAL"), SessionState()
-
-    async def write() -> None:
-        for call in gateway_calls(calls, built, seed):
-            await write_call(writer, state, "bench", call, f"{rng.getrandbits(96):024x}")
-
-    asyncio.run(write())
-    writer.close()
-    with sqlite3.connect(path) as conn:
-        stored = stored_bytes(conn)
-        (full_ids,) = conn.execute("SELECT sum(prompt_len + 2 * completion_len) FROM calls").fetchone()
-    conn.close()
-    token_bytes = stored.pop("token columns")
-    text_bytes = sum(stored.values())
-    rows = list(CaptureReader(path).calls(session="bench"))
-    file_bytes = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
-    return Stored(token_bytes, 4 * full_ids, text_bytes, file_bytes, rows)
-
-
-# -- one size, end to end --------------------------------------------------------------------------
+# -- one size, end to end: prompts, storage (benchkit/store.py), trajectories --------------------
 
 
 @dataclass
@@ -459,7 +392,7 @@ class Measured:
 def measure(synth: SessionSynth, size: int, turns: int, repeat: int, workdir: Path) -> Measured:
     calls = synth.session(size, turns)
     built = build_prompts(synth.template, calls, repeat)
-    stored = store_session(workdir / f"captures-{size}.db", calls, built, synth.seed)
+    stored = store_session(workdir / f"captures-{size}.db", gateway_calls(calls, built, synth.seed), synth.seed)
     out = Measured(size, len(calls), len(built[-1].prompt) + len(calls[-1].sampled), built, stored)
     for name, builder in (("per-request", per_request), ("prefix-merge", prefix_merge)):
         seconds, trajectories = best_of(1, partial(builder, stored.rows))
@@ -474,18 +407,6 @@ def measure(synth: SessionSynth, size: int, turns: int, repeat: int, workdir: Pa
 
 
 # -- report -----------------------------------------------------------------------------------------
-
-
-def size_label(size: int) -> str:
-    return f"{size // 1024}k" if size % 1024 == 0 else str(size)
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().lower()
-    try:
-        return int(float(text[:-1]) * 1024) if text.endswith("k") else int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 4k or 4096)") from None
 
 
 def ms(values: Sequence[float]) -> tuple[str, str]:
@@ -544,23 +465,18 @@ def trajectory_table(results: list[Measured]) -> Table:
 
 def main(argv: Sequence[str] | None = None) -> list[Measured]:
     ap = cli.parser(__doc__)
-    ap.add_argument("--sizes", type=parse_size, nargs="+", default=[parse_size(s) for s in DEFAULT_SIZES],
-                    help="target session sizes in tokens (1k = 1024)")
-    ap.add_argument("--turns", type=int, help="calls per session (default: 6 to 60, growing with the size)")
+    cli.session_args(ap, "target session sizes in tokens (1k = 1024)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="timings of each step per turn; the best is kept")
     cli.tokenizer_arg(ap, help="a Hugging Face tokenizer dir")
     ap.add_argument("--chat-template", help="a Jinja chat template file (default: the tokenizer's own)")
     ap.add_argument("--no-thinking", action="store_true", help="sessions without reasoning blocks")
-    ap.add_argument("--seed", type=int, default=7)
     cli.markdown_arg(ap, "tables")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
-    if args.turns is not None and args.turns < 2:
-        ap.error("--turns must be at least 2 (the first call has no earlier turn to continue)")
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
-    cli.check_tokenizer(ap, args.tokenizer)
+    cli.check_sessions(ap, args)
 
     run = Run("bench_tokens.py", argv, width=None)
     started = run.started

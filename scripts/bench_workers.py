@@ -21,53 +21,33 @@ the upstream and the front: the shape of a node whose gateway workers each have 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import args as cli  # noqa: E402
-from benchkit.load import Cell, cell_requests, drive, streams_of  # noqa: E402
-from benchkit.report import Run, ms, table  # noqa: E402
+from benchkit.load import Cell, run_matrix, streams_of  # noqa: E402
+from benchkit.report import Run, call_columns, cells_table, cpu_column  # noqa: E402
 from benchkit.targets import (  # noqa: E402
     Service,
-    Target,
     anthropic_target,
     check_targets,
-    children,
-    comm,
-    cpu_seconds,
     descendants,
     direct_target,
     polar_target,
-    start_polar,
     start_upstream,
+    start_workers,
     upstream_stats,
+    worker_pids,
+    workers_target,
 )
 from cpu_budget import CpuBudgets  # noqa: E402
 
 from polar.capture.shards import shard_path  # noqa: E402
-
-
-def start_workers(workdir: Path, upstream: Service, sync: str, count: int) -> Service:
-    return start_polar(workdir, upstream, sync, name=f"polar --workers {count}", tag="workers",
-                       extra=["--workers", str(count)])
-
-
-def front_pid(service: Service) -> int | None:
-    """The haproxy process among the supervisor's children."""
-    return next((pid for pid in descendants(service.proc.pid) if comm(pid) == "haproxy"), None)
-
-
-def worker_pids(service: Service) -> list[int]:
-    """The supervisor's children that are gateway workers (all but haproxy)."""
-    return [pid for pid in children(service.proc.pid) if comm(pid) != "haproxy"]
 
 
 def budget(budgets: CpuBudgets, one: Service, workers: Service, cores: float) -> str:
@@ -79,51 +59,26 @@ def budget(budgets: CpuBudgets, one: Service, workers: Service, cores: float) ->
     return f"CPU budget: {cores:g} cores (cgroup quota) for the one polar process and for each of {len(pids)} workers"
 
 
-@dataclass
-class WorkersCell(Cell):
-    front_cpu: float | None = None  # haproxy's seconds (None: no front)
-    load_cpu: float = 0.0  # this process's seconds: the load generator
-
-
-def measure(target: Target, upstream: Service, stream: bool, clients: int, n: int) -> WorkersCell:
-    front = front_pid(target.proxy) if target.proxy else None
-    marks: dict[str, float] = {}
-
-    def cpu() -> dict[str, float]:
-        return {"proxy": target.proxy.cpu_seconds() if target.proxy else 0.0,
-                "front": cpu_seconds(front) if front else 0.0,
-                "upstream": upstream.cpu_seconds(), "load": time.process_time()}
-
-    latencies, errors, wall = asyncio.run(drive(target, stream, clients, n, lambda: marks.update(cpu())))
-    used = {k: v - marks[k] for k, v in cpu().items()}
-    return WorkersCell(target.name, stream, clients, latencies, errors, wall,
-                       used["proxy"] if target.proxy else None, used["upstream"],
-                       front_cpu=used["front"] if front else None, load_cpu=used["load"])
-
-
-def results_table(cells: list[WorkersCell], title: str, single: str) -> Table:
-    out = table(title, ("stream", "clients", "target", "calls", "errors", "p50 ms", "p99 ms", "added p50 ms",
-                        "added p99 ms", "calls/s", "vs direct", "vs 1 process", "polar CPU ms/call", "of which front",
-                        "upstream CPU ms/call", "load gen CPU ms/call", "CPU busy"))
+def results_table(cells: list[Cell], title: str, single: str) -> Table:
     by = {(c.target, c.stream, c.clients): c for c in cells}
     cores = os.cpu_count() or 1
-    for c in cells:
-        direct, one = by.get(("direct", c.stream, c.clients)), by.get((single, c.stream, c.clients))
-        busy = sum(x or 0.0 for x in (c.proxy_cpu, c.upstream_cpu, c.load_cpu)) / c.wall / cores if c.wall else 0.0
-        out.add_row(
-            "yes" if c.stream else "no", str(c.clients), c.target, str(c.ok + len(c.errors)), str(len(c.errors)),
-            ms(c.pct(50)), ms(c.pct(99)),
-            "–" if c is direct else ms(c.pct(50) - direct.pct(50)),
-            "–" if c is direct else ms(c.pct(99) - direct.pct(99)),
-            f"{c.rps:.0f}", "–" if c is direct else f"{c.rps / direct.rps:.2f}",
-            "–" if c.proxy_cpu is None or c is one else f"{c.rps / one.rps:.2f}",
-            ms(c.cpu_ms(c.proxy_cpu)), ms(c.cpu_ms(c.front_cpu)), ms(c.cpu_ms(c.upstream_cpu)),
-            ms(c.cpu_ms(c.load_cpu)), f"{busy:.0%}",
-        )
-    return out
+
+    def versus_one(c: Cell, _: Cell | None) -> str:
+        one = by.get((single, c.stream, c.clients))
+        return "–" if c.proxy_cpu is None or c is one else f"{c.rps / one.rps:.2f}"
+
+    def busy(c: Cell, _: Cell | None) -> str:
+        used = sum(x or 0.0 for x in (c.proxy_cpu, c.upstream_cpu, c.load_cpu))
+        return f"{used / c.wall / cores if c.wall else 0.0:.0%}"
+
+    return cells_table(cells, title, [
+        *call_columns("calls", "calls/s", "vs direct"), ("vs 1 process", versus_one),
+        cpu_column("polar CPU ms/call", lambda c: c.proxy_cpu), cpu_column("of which front", lambda c: c.front_cpu),
+        cpu_column("upstream CPU ms/call", lambda c: c.upstream_cpu),
+        cpu_column("load gen CPU ms/call", lambda c: c.load_cpu), ("CPU busy", busy)])
 
 
-def target_lines(cells: list[WorkersCell], single: str, multi: str, count: int) -> list[str]:
+def target_lines(cells: list[Cell], single: str, multi: str, count: int) -> list[str]:
     """The issue's target (≥ 0.8·N× one process) and what one front feeds, read off the cells."""
     by = {(c.target, c.stream, c.clients): c for c in cells}
     lines = []
@@ -152,7 +107,7 @@ def shard_split(db: Path, count: int) -> str:
     return "sessions per worker shard — " + ", ".join(sessions)
 
 
-def main(argv: Sequence[str] | None = None) -> list[WorkersCell]:
+def main(argv: Sequence[str] | None = None) -> list[Cell]:
     ap = cli.parser(__doc__)
     cli.common_args(ap)
     ap.add_argument("--workers", type=int, default=2, help="gateway processes behind the front")
@@ -176,17 +131,9 @@ def main(argv: Sequence[str] | None = None) -> list[WorkersCell]:
             if budgets:
                 budget_line = budget(budgets, one.proxy, front, args.cpu_per_worker)
             targets = [direct_target(upstream), anthropic_target(single, one.proxy, session_per_client=True),
-                       anthropic_target(multi, front, session_per_client=True)]
+                       workers_target(multi, front)]
             check_targets(targets)
-            cells = []
-            for stream in streams_of(args.stream):
-                for clients in args.concurrency:
-                    for target in targets:
-                        cell = measure(target, upstream, stream, clients, cell_requests(args.requests, clients))
-                        run.progress(f"{'streamed' if stream else 'non-streamed'} {clients:>3} clients "
-                                     f"{target.name:<10} p50 {cell.pct(50):8.2f} ms {cell.rps:7.1f} calls/s "
-                                     f"errors {len(cell.errors)}")
-                        cells.append(cell)
+            cells = run_matrix(targets, upstream, args.concurrency, streams_of(args.stream), args.requests, run.progress)
             split = shard_split(run.work / "captures-workers.db", args.workers)
             stats = upstream_stats(upstream)
         finally:

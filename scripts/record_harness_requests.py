@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Record each real coding CLI's model requests as fixtures: data/harness_requests/<cli>.json.
+"""Record each real harness's model requests as fixtures: data/harness_requests/<cli>.json.
 
-Each of the six CLIs (polar/harnesses CLIS) runs once, unchanged, in its Docker sandbox on the one-bug
-task of the CLI tests (polar/harnesses/bugfix.py): polar listens transparently where the sandbox thinks
-the provider is, in front of the scripted vLLM double, so the session has its real first request, a
-tool-call turn or two and a final turn. polar's capture database holds each request body byte for byte
+Each of the six CLIs (polar/harnesses CLIS) and the four agents (AGENTS: OpenClaw, Hermes Agent, mini-swe-agent,
+OpenHands) runs once, unchanged, in its Docker sandbox on the one-bug task of the CLI tests
+(polar/harnesses/bugfix.py): polar listens transparently where the sandbox thinks the provider is (the agents
+are given polar's URL, as a rollout session gives it), in front of the scripted vLLM double, so the session has
+its real first request, a tool-call turn or two and a final turn. polar's capture database holds each request body byte for byte
 and its (already redacted) headers; this script keeps two calls of the main conversation — the first
 and the last (the one carrying the tool results) — with the headers that shape a request, secrets and
 machine-specific values replaced by stable placeholders (`Scrubber`).
@@ -28,7 +29,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from polar.harnesses import CLIS, Harness, bugfix  # noqa: E402
+from polar.harnesses import AGENTS, CLIS, Harness, bugfix  # noqa: E402
+from polar.harnesses.base import session_key  # noqa: E402
 
 OUT = REPO / "data" / "harness_requests"
 DEFAULT_TOKENIZER = Path.home() / ".cache" / "polar" / "models" / "qwen35-tiny"
@@ -54,9 +56,12 @@ class Scrubber:
     """Stable placeholders for what must not leave this machine: ids in order of appearance (the same id
     gets the same placeholder), the session's API key, the host kernel and container names."""
 
-    def __init__(self, harness: Harness, session: str, container_names: list[str], marker: str):
+    def __init__(self, harness: Harness, session: str, container_names: list[str], marker: str, polar_host: str = ""):
         key = harness.env(session)
         self.literal = {v: "<api-key>" for k, v in key.items() if k.endswith("_KEY")}
+        self.literal[session_key("sk-", session)] = "<api-key>"  # the key a base-URL agent is launched with
+        if polar_host:
+            self.literal[polar_host] = "<polar-host>"  # the sandbox network's gateway: a per-run address
         self.literal[platform.release()] = "<kernel-release>"
         # A container named after the session is no secret, and the task's marker names it too.
         self.literal |= {name: "<hostname>" for name in container_names if name and name not in marker}
@@ -109,7 +114,7 @@ def fixture(harness: Harness, rows: list[dict[str, Any]], scrub: Scrubber, marke
     requests = [request_of(first, scrub), request_of(last, scrub)]
     return {
         "cli": harness.name, "package": harness.package, "version": harness.version, "provider": harness.provider,
-        "api": APIS[harness.provider], "stream": bool(first["stream"]), "host": _host(first),
+        "api": APIS[harness.provider], "stream": bool(first["stream"]), "host": scrub.text(_host(first)),
         "marker": marker, "shell_tool": harness.shell_tool("{command}")["name"],
         "calls_in_session": len(rows), "first": requests[0], "later": requests[1],
         "note": "recorded by scripts/record_harness_requests.py; ids, keys, host names and kernel release "
@@ -126,7 +131,7 @@ def start_polar(stack: ExitStack, work: Path, tokenizer: Path) -> Any:
     from polar.doubles.scripted_vllm import ScriptedVLLM
     from polar.mitm.proxy import BackgroundProxy, ProxyConfig, free_port
 
-    double = ScriptedVLLM(tokenizer, "polar-tiny", max_model_len=32768)
+    double = ScriptedVLLM(tokenizer, "polar-tiny", max_model_len=131072)  # Hermes Agent refuses windows under 64K
     server = BackgroundServer(double.app)
     upstream = server.start()
     stack.callback(server.stop)
@@ -137,7 +142,8 @@ def start_polar(stack: ExitStack, work: Path, tokenizer: Path) -> Any:
     return double, proxy
 
 
-def record(harness: Harness, runtime: Any, ca_cert: Path, image: str, double: Any, db: Path, work: Path) -> dict:
+def record(harness: Harness, runtime: Any, ca_cert: Path, image: str, double: Any, db: Path, work: Path,
+           base_url: str | None = None) -> dict:
     from polar.capture.reader import CaptureReader
     from polar.doubles.script import Script
 
@@ -145,21 +151,24 @@ def record(harness: Harness, runtime: Any, ca_cert: Path, image: str, double: An
     marker = MARKER.format(cli=harness.name)
     double.script = Script([{"match": marker, "steps": bugfix.steps(harness)}])
     # The task's marker names the session: it must be the recorded, stable one.
-    run = bugfix.run_task(runtime, ca_cert, image, harness, session, work, marker=marker)
+    run = bugfix.run_task(runtime, ca_cert, image, harness, session, work, marker=marker, base_url=base_url)
     rows = list(CaptureReader(db).calls(session=session, with_tokens=False))
     if not harness.success(run.exit_code) or "a + b" not in run.calc:
         raise RuntimeError(f"{harness.name} did not fix the bug (exit {run.exit_code}):\n{run.output[-2000:]}")
     hostnames = [line.split("=", 1)[1] for line in run.env.splitlines() if line.startswith("HOSTNAME=")]
-    return fixture(harness, rows, Scrubber(harness, session, hostnames, marker), marker)
+    polar_host = base_url.split("//", 1)[1] if base_url else ""
+    return fixture(harness, rows, Scrubber(harness, session, hostnames, marker, polar_host), marker)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cli", nargs="+", choices=[h.name for h in CLIS], default=[h.name for h in CLIS])
+    names = [h.name for h in (*CLIS, *AGENTS)]
+    ap.add_argument("--cli", nargs="+", choices=names, default=names)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     args = ap.parse_args(argv)
     from polar.mitm.transparent import add_listeners, ca_cert_path, remove_listeners, transparent_modes
+    from polar.rollout.swe_image import swe_image
     from polar.sandboxes.docker_runtime import DockerRuntime, connect
     from polar.sandboxes.images import node_image
 
@@ -175,9 +184,11 @@ def main(argv: list[str] | None = None) -> None:
         add_listeners(modes)
         stack.callback(remove_listeners, modes)
         ca_cert = ca_cert_path(proxy.config.confdir)
-        for harness in (h for h in CLIS if h.name in args.cli):
-            data = record(harness, runtime, ca_cert, harness.install_layer(client, node), double,
-                          work / "captures.db", work)
+        for harness in (h for h in (*CLIS, *AGENTS) if h.name in args.cli):
+            agent = harness in AGENTS
+            image = harness.install_layer(client, swe_image(client, node) if agent else node)
+            data = record(harness, runtime, ca_cert, image, double, work / "captures.db", work,
+                          f"http://{runtime.gateway_ip}" if agent else None)
             path = args.out / f"{harness.name}.json"
             path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
             print(f"{path}: {path.stat().st_size:,} bytes — {data['api']}, "

@@ -11,6 +11,8 @@
 #   POLAR_VLLM_TIMEOUT  seconds to wait for /health (default 600; a cold start takes about 2 minutes)
 #   POLAR_VLLM_LOG      server log file (default <cache>/vllm-<port>.log)
 #   POLAR_VLLM_ARGS     extra arguments for the api_server, word-split
+#   POLAR_TOOL_PARSER   vLLM's tool-call parser (default qwen3_coder)
+#   POLAR_REASONING_PARSER  vLLM's reasoning parser (default qwen3; empty: none, for a family without reasoning)
 # Stop it with: kill <PID>
 set -euo pipefail
 
@@ -21,6 +23,7 @@ venv="$cache/vllm-venv"
 name="${POLAR_SERVED_MODEL:-polar-tiny}"
 timeout="${POLAR_VLLM_TIMEOUT:-600}"
 log="${POLAR_VLLM_LOG:-$cache/vllm-$port.log}"
+reasoning="${POLAR_REASONING_PARSER-qwen3}"
 
 [ -x "$venv/bin/python" ] || { echo "no vLLM venv at $venv: run scripts/setup_vllm_cpu.sh" >&2; exit 1; }
 [ -f "$model/config.json" ] || { echo "no model at $model: run scripts/build_tiny_model.py" >&2; exit 1; }
@@ -40,7 +43,8 @@ setsid "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
   --model "$model" --served-model-name "$name" \
   --dtype bfloat16 --max-model-len "${POLAR_MAX_MODEL_LEN:-32768}" --gpu-memory-utilization 0.1 \
   --enable-scale-out \
-  --enable-auto-tool-choice --tool-call-parser qwen3_coder --reasoning-parser qwen3 \
+  --enable-auto-tool-choice --tool-call-parser "${POLAR_TOOL_PARSER:-qwen3_coder}" \
+  ${reasoning:+--reasoning-parser "$reasoning"} \
   ${POLAR_VLLM_ARGS:-} >"$log" 2>&1 </dev/null &
 pid=$!
 

@@ -26,6 +26,10 @@ TEMPLATE_SIGNS = {
     "qwen3.5-4b": ("If you choose to call a function ONLY reply", "<tool_call>\n<function="),
     "qwen3-hybrid": ("For each function call, return a json object", '<tool_call>\n{"name": "'),
     "qwen3-coder": ("If you choose to call a tool ONLY reply", "<tool_call>\n<function="),
+    "llama-3.3": ("Given the following functions, please respond with a JSON", '{"name": "'),
+    "deepseek-v3.1": ("<｜User｜>", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"),  # (it writes no tool list)
+    "kimi-k2": ("<|im_system|>tool_declare<|im_middle|>", "<|tool_call_begin|>functions."),
+    "minimax-m2": ("When making tool calls, use XML format", '<minimax:tool_call>\n<invoke name="'),
 }
 
 
@@ -97,6 +101,19 @@ def real_template(name: str) -> Path:
     return templates_dir() / SHARED_TEMPLATES[name]
 
 
+def template_file(label: str) -> Path:
+    """A real template by its label: a reference template's name (SHARED_TEMPLATES) or a family's (FAMILY_TEMPLATES)."""
+    return real_template(label) if label in SHARED_TEMPLATES else family_template(label)
+
+
+def stand_in_needed(label: str) -> bool:
+    """Whether this template's model family needs a stand-in vocabulary (no Qwen vocabulary fits it)."""
+    from polar.doubles.model_format import ModelFormat
+
+    return label not in SHARED_TEMPLATES and ModelFormat.for_template(template_file(label).read_text()).family not in (
+        "qwen3", "qwen3_xml")
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir() -> Path:
     """The real Qwen3.5 vocabulary as a HF tokenizer dir, built on demand (never committed)."""
@@ -124,7 +141,7 @@ class Stack:
     double: object
     proxy: object
     mode: str  # "token-faithful" | "chat-template"
-    template: str | None = None  # the REAL_TEMPLATES name it serves, None: the tokenizer's own
+    template: str | None = None  # the real template's label it serves (template_file), None: the tokenizer's own
 
     def script(self, steps=None, rules=None) -> None:
         body = {"rules": rules} if rules is not None else {"steps": steps}
@@ -133,17 +150,20 @@ class Stack:
     def fault(self, **fault) -> None:
         httpx.post(f"{self.upstream_url}/_double/fault", json=fault).raise_for_status()
 
-    def use_template(self, path: Path | None) -> None:
-        """Serve and render with this chat template (None: the tokenizer's own): the double renders its
-        prompts and writes its answers with it, and an in-process token-faithful gateway is told the
-        same template through its `polar_chat_template` option (it rebuilds its gateway)."""
-        httpx.post(f"{self.upstream_url}/_double/template",
-                   json={"chat_template": str(path) if path else None}).raise_for_status()
+    def use_template(self, path: Path | None, vocabulary: Path | None = None) -> None:
+        """Serve and render with this chat template (None: the tokenizer's own) and this vocabulary (None: the
+        stack's own): the double renders its prompts and writes its answers with them, and an in-process
+        token-faithful gateway is told the same through its `polar_chat_template` and `polar_tokenizer` options
+        (it rebuilds its backend)."""
+        httpx.post(f"{self.upstream_url}/_double/template", timeout=120,  # a vocabulary loads for seconds
+                   json={"chat_template": str(path) if path else None,
+                         "tokenizer": str(vocabulary) if vocabulary else None}).raise_for_status()
         if self.mode == "token-faithful":
             import asyncio
 
             async def update() -> None:
-                self.proxy.master.options.update(polar_chat_template=str(path or ""))
+                self.proxy.master.options.update(polar_chat_template=str(path or ""),
+                                                 polar_tokenizer=str(vocabulary or self.proxy.config.tokenizer))
 
             asyncio.run_coroutine_threadsafe(update(), self.proxy.master.event_loop).result(60)
 
@@ -212,12 +232,25 @@ def chat_stack(double_server, tmp_path_factory):
     proxy.stop()
 
 
+@pytest.fixture(scope="session")
+def stand_in_vocabulary(tokenizer_dir, tmp_path_factory) -> Path:
+    """One stand-in vocabulary for every family the double writes besides Qwen's (tests/support/stand_in.py)."""
+    from polar.doubles.family_writers import WRITERS
+    from tests.support.stand_in import stand_in_dir
+
+    return stand_in_dir(tokenizer_dir, tmp_path_factory.mktemp("stand-in"), *WRITERS)
+
+
 @pytest.fixture(scope="module", params=REAL_TEMPLATES)
 def template_stack(request, stack):
-    """The token-faithful stack on each real template, gateway and double alike (module-scoped: tests
-    run grouped by template, one switch per group)."""
-    stack.use_template(real_template(request.param))
-    stack.template = request.param
+    """The token-faithful stack on a real template (REAL_TEMPLATES by default; any label of `template_file` by
+    indirect parametrization), gateway and double alike: the template, the vocabulary (the real Qwen3.5 one, or the
+    stand-in for a family that has no registry vocabulary) and the double's writer for that family (chosen from the
+    template). Module-scoped: tests run grouped by template, one switch per group."""
+    label = request.param
+    vocabulary = request.getfixturevalue("stand_in_vocabulary") if stand_in_needed(label) else None
+    stack.use_template(template_file(label), vocabulary)
+    stack.template = label
     yield stack
     stack.use_template(None)
     stack.template = None

@@ -47,6 +47,19 @@ class Option:
     def many(self) -> bool:
         return self.type == Sequence[str]
 
+    def parse(self, text: str) -> Any:
+        """A `--set NAME=TEXT` value as this option's type (as mitmproxy would parse it)."""
+        if self.type is int:
+            try:
+                return int(text)
+            except ValueError:
+                raise ValueError(f"{self.name} must be an integer, not {text!r}") from None
+        if self.type is bool:
+            if text not in ("", "true", "false"):
+                raise ValueError(f"{self.name} must be true or false, not {text!r}")
+            return text != "false"
+        return [text] if self.many else text
+
     def problem(self, value: Any) -> str | None:
         """What mitmproxy lets through: `--set` does not hold a value to its choices (a typo in the commit mode
         would capture with another one, silently), and knows no bounds."""

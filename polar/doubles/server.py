@@ -51,21 +51,15 @@ class ScriptedVLLM:
         token_delay_s: float = 0.0,
         first_token_delay_s: float = 0.0,
     ):
-        # a heavy import, only when a double is built
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        self.home_vocabulary = str(tokenizer_dir)  # what `use_vocabulary(None)` returns to
+        self._tokenizers: dict[str, Any] = {}
+        self.use_vocabulary(tokenizer_dir)
         self.use_template(chat_template)
-        self.model_dir = str(tokenizer_dir)
         self.model_name = served_model_name
         self.max_model_len = max_model_len
         self.script = script or Script()
         self.latency_s = latency_s
-        self.think_start_id = self.tokenizer.convert_tokens_to_ids("<think>")
-        self.think_end_id = self.tokenizer.convert_tokens_to_ids("</think>")
         self.fingerprint = FINGERPRINT
-        self.vocab_size = len(self.tokenizer)
-        self.logprobs = FakeLogprobs(self.tokenizer)
         self.requests: list[dict[str, Any]] = []  # what polar sent (path, headers, body), for tests
         self.stats = Stats()  # GET /_double/stats
         self.pace = Pace()  # POST /_double/pace
@@ -89,6 +83,21 @@ class ScriptedVLLM:
             ]
         )
 
+    def use_vocabulary(self, tokenizer_dir: str | Path | None) -> None:
+        """Sample and count with this tokenizer (None: the one the double was built with): a family's stand-in
+        vocabulary for its real template. Set the template after it (the end-of-turn id is this vocabulary's)."""
+        # a heavy import, only when a double is built
+        from transformers import AutoTokenizer
+
+        self.model_dir = str(tokenizer_dir or self.home_vocabulary)
+        if self.model_dir not in self._tokenizers:  # loaded once per directory
+            self._tokenizers[self.model_dir] = AutoTokenizer.from_pretrained(self.model_dir)
+        self.tokenizer = self._tokenizers[self.model_dir]
+        self.think_start_id = self.tokenizer.convert_tokens_to_ids("<think>")
+        self.think_end_id = self.tokenizer.convert_tokens_to_ids("</think>")
+        self.vocab_size = len(self.tokenizer)
+        self.logprobs = FakeLogprobs(self.tokenizer)
+
     def use_template(self, chat_template: str | Path | None) -> None:
         """Render prompts with this template (a file path or the text; None: the tokenizer's own) and
         answer in the output format of its model family."""
@@ -110,13 +119,20 @@ class ScriptedVLLM:
     # -- admin -------------------------------------------------------------------------------
 
     async def set_template(self, request: Request) -> Response:
-        """Test-only: switch the template at run time (`{"chat_template": path or text}`; null: the tokenizer's)."""
+        """Test-only: switch the template at run time (`{"chat_template": path or text}`; null: the tokenizer's), and
+        the vocabulary with it when the body names one (`"tokenizer": dir`; null: the double's own)."""
         if request.method == "POST":
+            before = self.model_dir
             try:
-                self.use_template((await request.json()).get("chat_template"))
+                body = await request.json()
+                if "tokenizer" in body:
+                    self.use_vocabulary(body["tokenizer"])
+                self.use_template(body.get("chat_template"))
             except (ValueError, OSError, AttributeError, json.JSONDecodeError) as exc:
+                self.use_vocabulary(before)  # the template it had still ends its turns in this vocabulary
                 return wire.error(400, f"bad template: {exc}")
         return JSONResponse({"family": self.format.family, "knows_think": self.format.knows_think,
+                             "tokenizer": self.model_dir,
                              "sha256": hashlib.sha256(self.template_text.encode()).hexdigest()})
 
     async def set_script(self, request: Request) -> Response:

@@ -13,14 +13,16 @@ from polar.harnesses.hermes import HERMES
 from polar.harnesses.mini_swe_agent import MINI_SWE_AGENT, MiniSweAgent
 from polar.harnesses.openclaw import OPENCLAW
 from polar.harnesses.opencode import OPENCODE
+from polar.harnesses.openhands import OPENHANDS
 from polar.harnesses.pi import PI
 from polar.harnesses.python_agent import PYTHON_AGENT, PythonAgent
 from polar.harnesses.qwen_code import QWEN_CODE
 from polar.harnesses.shell import SHELL, Shell
 
 CLIS: tuple[Harness, ...] = (CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, PI, QWEN_CODE)  # installed from npm
-PYTHON_AGENTS: tuple[Harness, ...] = (HERMES, MINI_SWE_AGENT)  # installed from PyPI
-# Installed from npm too, but configured with polar's base URL (its provider config names no default host).
+PYTHON_AGENTS: tuple[Harness, ...] = (HERMES, MINI_SWE_AGENT, OPENHANDS)  # installed from PyPI
+# The agents given polar's base URL (OpenClaw from npm: its provider config names no default host).
+AGENTS: tuple[Harness, ...] = (OPENCLAW, *PYTHON_AGENTS)
 HARNESSES: dict[str, Harness] = {h.name: h for h in (*CLIS, OPENCLAW, *PYTHON_AGENTS, SHELL, PYTHON_AGENT)}
 
 
@@ -38,5 +40,5 @@ def make_harness(name: str, options: dict[str, Any] | None = None) -> Harness:
     return HARNESSES[name].with_options(**(options or {})) if options else HARNESSES[name]
 
 
-__all__ = ["CLIS", "HARNESSES", "PYTHON_AGENTS", "SUPPORT_DIR", "Harness", "MiniSweAgent", "PythonAgent",
+__all__ = ["AGENTS", "CLIS", "HARNESSES", "PYTHON_AGENTS", "SUPPORT_DIR", "Harness", "MiniSweAgent", "PythonAgent",
            "SessionContext", "Shell", "get", "make_harness", "write_files"]

@@ -24,10 +24,13 @@ TEXT_ACTION = "mswea_bash_command"  # the fence tag of an action in text-based m
 @dataclass(frozen=True)
 class MiniSweAgent(PipHarness):
     text_based: bool = False
+    step_limit: int = 0  # its own limit on model calls (0: none; it then ends only by submitting)
     trajectory: str = "/tmp/mini.traj.json"  # its own trajectory file, outside the workdir (out of the diff)
 
     def command(self, task_prompt: str) -> list[str]:
         mode = ["-c", "mini_textbased.yaml", "--model-class", "litellm_textbased"] if self.text_based else ["-c", "mini.yaml"]
+        if self.step_limit:
+            mode += ["-c", f"agent.step_limit={self.step_limit}"]
         return [self.bin("mini"), *mode, "-m", f"openai/{self.model}", "-t", task_prompt, "--yolo",
                 "--exit-immediately", "-l", "0", "-o", self.trajectory]
 

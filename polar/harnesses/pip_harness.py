@@ -6,6 +6,11 @@ image's Python (Debian bookworm's 3.11, x86-64 glibc) into a versioned directory
 ${POLAR_CACHE:-~/.cache/polar}/pip; an image layer (`runtimes/docker/pip`) lays it into a venv of its own
 at /opt/polar-agent, so the agent's hundreds of MB of dependencies never reach the tasks' own Python.
 
+An agent that needs a newer Python than the image's (OpenHands: >= 3.12) names it in `python`: the host's own
+interpreter of that version (pyenv's on these machines; Debian bookworm too, so the same glibc as the images)
+installs the packages natively and is laid into the image under /opt/polar-python (`runtimes/docker/pip-python`),
+with the Debian packages the agent runs (`debs`, downloaded on the host like the `swe` layer's).
+
 These agents take a base URL: in a rollout session they get polar's URL and the session's key.
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -38,8 +44,11 @@ def pip_cache() -> Path:
 class PipHarness(Harness):
     """A harness whose `package` names PyPI distributions (space-separated), each pinned at `version`."""
 
+    python: str = ""  # "3.12": the host's CPython of that version, laid into the image; "": the image's 3.11
+    debs: tuple[str, ...] = ()  # Debian packages it runs (with `python` set)
+
     def prefix(self) -> Path:
-        return pip_cache() / f"{self.name}-{self.version}"
+        return pip_cache() / (f"{self.name}-{self.version}" + (f"-py{self.python}" if self.python else ""))
 
     def requirements(self) -> list[str]:
         return [f"{p}=={self.version}" for p in self.package.split()]
@@ -52,8 +61,10 @@ class PipHarness(Harness):
             fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test processes install once
             done = prefix.with_name(prefix.name + ".done")
             if not done.exists():
-                cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
-                       "--target", str(prefix), *TARGET, *self.requirements()]
+                # With the host's interpreter of the image's version, wheels and sdists alike are built for it.
+                python, target = (str(host_python(self.python)), []) if self.python else (sys.executable, TARGET)
+                cmd = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
+                       "--target", str(prefix), *target, *self.requirements()]
                 run = subprocess.run(cmd, capture_output=True, text=True, check=False)
                 if run.returncode != 0:
                     raise RuntimeError(f"pip install {' '.join(self.requirements())} failed:\n"
@@ -65,9 +76,37 @@ class PipHarness(Harness):
         """`parent` (an image with python3.11) plus this agent in /opt/polar-agent: polar/pip:<hash>, built once."""
         from polar.sandboxes.images import build_layer
 
-        return build_layer(client, "pip", parent, files={"site": self.pip_install()},
-                           key=(self.name, self.package, self.version))
+        key = (self.name, self.package, self.version)
+        if not self.python:
+            return build_layer(client, "pip", parent, files={"site": self.pip_install()}, key=key)
+        from polar.sandboxes.debs import download, missing
+
+        debs = download(missing(client, parent, list(self.debs)))
+        interpreter = host_python(self.python)
+        return build_layer(client, "pip-python", parent, key=(*key, str(interpreter.resolve()), *self.debs),
+                           files={"site": self.pip_install(), "python": python_home(interpreter), "debs": debs},
+                           args={"PYTHON": self.python})
 
     def bin(self, script: str) -> str:
         """A console script of the agent, in its venv."""
         return f"{VENV}/bin/{script}"
+
+
+def host_python(version: str) -> Path:
+    """The host's CPython `version` (e.g. "3.12") installed in a tree of its own, which the layer copies whole:
+    pyenv's (as scripts/find_python.sh finds it), else one on PATH outside /usr and /usr/local."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = [*sorted(map(str, pyenv.glob(f"{version}.*/bin/python{version}"))), shutil.which(f"python{version}")]
+    for candidate in filter(None, found):
+        if python_home(Path(candidate)) in (Path("/usr"), Path("/usr/local")):
+            continue
+        if subprocess.run([candidate, "-m", "pip", "--version"], capture_output=True, check=False).returncode == 0:
+            return Path(candidate)
+    raise RuntimeError(f"no Python {version} with pip in a tree of its own on this host (looked in {pyenv} and on PATH)")
+
+
+def python_home(interpreter: Path) -> Path:
+    """The installation tree of a host interpreter (its sys.base_prefix)."""
+    out = subprocess.run([str(interpreter), "-c", "import sys; print(sys.base_prefix)"], capture_output=True, text=True,
+                         check=True)
+    return Path(out.stdout.strip())

@@ -62,13 +62,18 @@ class _Listening:
         return opts
 
     def polar_options(self) -> dict[str, Any]:
-        """Every polar option by its mitmproxy name (`extra` overrides them, as `--set` does `polar proxy`'s flags)."""
-        return {o.name: getattr(self, o.field) for o in OPTIONS}
+        """Every polar option by its mitmproxy name, as the proxy will run with it (`extra` overrides them, as
+        `--set` does `polar proxy`'s flags)."""
+        return {o.name: self.option(o.name) for o in OPTIONS}
 
     def option(self, name: str) -> Any:
         """One polar option's value as the proxy will run with it (a text value in `extra`: parsed as its type)."""
         value = self.extra.get(name, getattr(self, SPEC[name].field))
-        return SPEC[name].type(value) if isinstance(value, str) and SPEC[name].type in (int, float) else value
+        return SPEC[name].parse(value) if isinstance(value, str) and name in self.extra else value
+
+    def mitm_extra(self) -> dict[str, Any]:
+        """The `extra` options that are mitmproxy's own (polar's are in `polar_options`)."""
+        return {key: value for key, value in self.extra.items() if key not in SPEC}
 
 
 ProxyConfig = make_dataclass(
@@ -82,7 +87,7 @@ ProxyConfig.__doc__ = """A polar proxy's set-up: how it listens, and each polar 
 
 async def serve(config: ProxyConfig, ready: threading.Event | None = None, holder: dict | None = None) -> None:
     """Run until shut down. `holder` receives the master so another thread can stop it."""
-    from mitmproxy import options
+    from mitmproxy import exceptions, options
 
     opts = options.Options()
     if config.web:
@@ -94,9 +99,14 @@ async def serve(config: ProxyConfig, ready: threading.Event | None = None, holde
     addons = polar_addons()
     master.addons.add(*addons)
     addon = addons[0]  # the gateway's
-    # One update: a first one without polar's options would build a gateway on the default database.
-    opts.update(**config.mitm_options(), **config.polar_options())
-    for key, value in config.extra.items():  # text values (from the CLI) are parsed by mitmproxy
+    # One update with every polar option, `--set` ones included: a first one without them would build a gateway on
+    # the default database, or a token-faithful one without the template a later `--set` names.
+    try:
+        polar_options = config.polar_options()
+    except ValueError as exc:
+        raise exceptions.OptionsError(str(exc)) from None
+    opts.update(**config.mitm_options(), **polar_options)
+    for key, value in config.mitm_extra().items():  # text values (from the CLI) are parsed by mitmproxy
         opts.set(f"{key}={value}") if isinstance(value, str) else opts.update(**{key: value})
     if holder is not None:
         holder["master"], holder["addon"] = master, addon

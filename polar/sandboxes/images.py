@@ -183,8 +183,9 @@ def build_layer(
     parent: str,
     files: Mapping[str, Path] | None = None,
     key: tuple[str, ...] = (),
+    args: Mapping[str, str] | None = None,
 ) -> str:
-    """Build polar/<name>:<hash> from runtimes/docker/<name>/ on top of `parent`.
+    """Build polar/<name>:<hash> from runtimes/docker/<name>/ on top of `parent` (`args`: more build arguments).
 
     The recipe directory holds a Dockerfile starting `ARG PARENT` / `FROM ${PARENT}`, plus any
     files it COPYs; `files` adds host files or directories to the build context under the given
@@ -194,7 +195,8 @@ def build_layer(
     """
     recipe = RECIPES / name
     files = dict(files or {})
-    tag = f"polar/{name}:{_recipe_digest(recipe, parent, *key, *sorted(files))}"
+    args = dict(args or {})
+    tag = f"polar/{name}:{_recipe_digest(recipe, parent, *key, *sorted(files), *(f'{k}={v}' for k, v in sorted(args.items())))}"
     with _build_lock():
         if _have(client, tag):
             return tag
@@ -204,7 +206,7 @@ def build_layer(
                 _stage(Path(src), Path(ctx) / dest)
             log.info("building %s", tag)
             try:
-                client.images.build(path=ctx, tag=tag, buildargs={"PARENT": parent}, rm=True, forcerm=True, network_mode="none")
+                client.images.build(path=ctx, tag=tag, buildargs={**args, "PARENT": parent}, rm=True, forcerm=True, network_mode="none")
             except docker.errors.BuildError as err:
                 logs = "".join(chunk.get("stream", "") for chunk in err.build_log if isinstance(chunk, dict))
                 raise RuntimeError(f"building {tag} failed: {err}\n{logs[-4000:]}") from err

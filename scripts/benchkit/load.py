@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from benchkit.targets import Service, Target
+from benchkit.targets import Service, Target, cpu_seconds
 
 
 def percentile(values: Sequence[float], q: int) -> float:
@@ -41,6 +41,8 @@ class Cell:
     proxy_cpu: float | None  # seconds over the timed part (None: no proxy)
     upstream_cpu: float
     main_thread_cpu: float | None = None  # of proxy_cpu, the proxy's main thread (its event loop)
+    front_cpu: float | None = None  # of proxy_cpu, the target's front process (None: no front)
+    load_cpu: float = 0.0  # this process's: the load generator
 
     @property
     def ok(self) -> int:
@@ -56,6 +58,35 @@ class Cell:
 
     def cpu_ms(self, seconds: float | None) -> float | None:
         return None if seconds is None or not self.ok else seconds * 1000 / self.ok
+
+
+class CpuMeter:
+    """The CPU each part of a measurement spends between `start` and `used` (seconds; None: no such part): the
+    proxy process with its children, its main thread, a front process among them, the upstream, and this
+    process (the load generator)."""
+
+    def __init__(self, proxy: Service | None, upstream: Service | None, front: int | None = None):
+        self.proxy, self.upstream, self.front = proxy, upstream, front
+        self.marks: dict[str, float | None] = {}
+
+    def read(self) -> dict[str, float | None]:
+        proxy, upstream = self.proxy, self.upstream
+        return {"proxy": proxy.cpu_seconds() if proxy else None,
+                "main_thread": proxy.main_thread_cpu_seconds() if proxy else None,
+                "front": cpu_seconds(self.front) if self.front else None,
+                "upstream": upstream.cpu_seconds() if upstream else None, "load": time.process_time()}
+
+    def start(self) -> None:
+        self.marks = self.read()
+
+    def used(self) -> dict[str, float | None]:
+        return {k: None if v is None else v - self.marks[k] for k, v in self.read().items()}  # type: ignore[operator]
+
+
+def split(n: int, parts: int) -> list[int]:
+    """`n` calls in `parts` blocks (at least one, at most `n`), as even as they go."""
+    parts = max(1, min(parts, n))
+    return [n // parts + (i < n % parts) for i in range(parts)]
 
 
 async def drive(target: Target, stream: bool, clients: int, n: int,
@@ -97,20 +128,13 @@ async def drive(target: Target, stream: bool, clients: int, n: int,
 
 
 def measure(target: Target, upstream: Service, stream: bool, clients: int, n: int) -> Cell:
-    """One cell: `n` calls from `clients` clients, with the CPU the proxy (its main thread apart) and the
-    upstream spent on them."""
-    marks: dict[str, float] = {}
-
-    def start() -> None:
-        marks["proxy"] = target.proxy.cpu_seconds() if target.proxy else 0.0
-        marks["main_thread"] = target.proxy.main_thread_cpu_seconds() if target.proxy else 0.0
-        marks["upstream"] = upstream.cpu_seconds()
-
-    latencies, errors, wall = asyncio.run(drive(target, stream, clients, n, start))
-    proxy_cpu = target.proxy.cpu_seconds() - marks["proxy"] if target.proxy else None
-    main_thread_cpu = target.proxy.main_thread_cpu_seconds() - marks["main_thread"] if target.proxy else None
-    return Cell(target.name, stream, clients, latencies, errors, wall, proxy_cpu,
-                upstream.cpu_seconds() - marks["upstream"], main_thread_cpu)
+    """One cell: `n` calls from `clients` clients, with the CPU the proxy (its main thread and front apart), the
+    upstream and the load generator spent on them."""
+    meter = CpuMeter(target.proxy, upstream, target.front)
+    latencies, errors, wall = asyncio.run(drive(target, stream, clients, n, meter.start))
+    cpu = meter.used()
+    return Cell(target.name, stream, clients, latencies, errors, wall, cpu["proxy"], cpu["upstream"] or 0.0,
+                cpu["main_thread"], cpu["front"], cpu["load"] or 0.0)
 
 
 def cell_requests(requests: int, clients: int) -> int:
@@ -126,11 +150,10 @@ def run_matrix(targets: list[Target], upstream: Service, concurrency: list[int],
     for stream in streams:
         for clients in concurrency:
             n = cell_requests(requests, clients)
-            parts = max(1, min(rounds, n // (2 * clients)))  # each part at least two calls a client
             done: dict[str, list[Cell]] = {t.name: [] for t in targets}
-            for part in range(parts):
+            for part in split(n, min(rounds, n // (2 * clients))):  # each part at least two calls a client
                 for target in targets:
-                    done[target.name].append(measure(target, upstream, stream, clients, n // parts + (part < n % parts)))
+                    done[target.name].append(measure(target, upstream, stream, clients, part))
             for target in targets:
                 cell = merged(done[target.name])
                 progress(f"{'streamed' if stream else 'non-streamed'} {clients:>3} clients {target.name:<14} "
@@ -150,4 +173,5 @@ def merged(parts: list[Cell]) -> Cell:
     first = parts[0]
     return Cell(first.target, first.stream, first.clients, [x for p in parts for x in p.latencies],
                 [e for p in parts for e in p.errors], sum(p.wall for p in parts), total([p.proxy_cpu for p in parts]),
-                sum(p.upstream_cpu for p in parts), total([p.main_thread_cpu for p in parts]))
+                sum(p.upstream_cpu for p in parts), total([p.main_thread_cpu for p in parts]),
+                total([p.front_cpu for p in parts]), sum(p.load_cpu for p in parts))

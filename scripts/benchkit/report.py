@@ -8,7 +8,7 @@ import os
 import shlex
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,25 +142,45 @@ class Run:
 # -- the small call's proxy overhead (bench_proxy, bench_peers) --------------------------------------
 
 
-def results_table(cells: list[Cell], title: str) -> Table:
-    """One row per target and concurrency; `added` and ratios against direct at the same point."""
-    out = Table(title=title)
-    for col in ("stream", "clients", "target", "requests", "errors", "p50 ms", "p99 ms", "added p50 ms",
-                "added p99 ms", "req/s", "req/s vs direct", "proxy CPU ms/req", "· main thread",
-                "upstream CPU ms/req"):
-        out.add_column(col, justify="left" if col in ("stream", "target") else "right")
+# A table's column: its header and its figure for a cell, given direct's cell at the same point (None: none, or this
+# cell is direct's).
+Column = tuple[str, Callable[[Cell, Cell | None], str]]
+
+
+def call_columns(calls: str = "requests", rate: str = "req/s", versus: str = "req/s vs direct") -> list[Column]:
+    """The columns a table of cells starts with: the cell, its latency and rate, and both against direct's."""
+    return [
+        ("stream", lambda c, _: "yes" if c.stream else "no"), ("clients", lambda c, _: str(c.clients)),
+        ("target", lambda c, _: c.target), (calls, lambda c, _: str(c.ok + len(c.errors))),
+        ("errors", lambda c, _: str(len(c.errors))), ("p50 ms", lambda c, _: ms(c.pct(50))),
+        ("p99 ms", lambda c, _: ms(c.pct(99))),
+        ("added p50 ms", lambda c, base: ms(base and c.pct(50) - base.pct(50))),
+        ("added p99 ms", lambda c, base: ms(base and c.pct(99) - base.pct(99))),
+        (rate, lambda c, _: f"{c.rps:.0f}"),
+        (versus, lambda c, base: f"{c.rps / base.rps:.2f}" if base and base.rps else "–"),
+    ]
+
+
+def cpu_column(name: str, seconds: Callable[[Cell], float | None]) -> Column:
+    """CPU milliseconds per call of one part (`seconds`: its CPU over the cell)."""
+    return name, lambda c, _: ms(c.cpu_ms(seconds(c)))
+
+
+def cells_table(cells: list[Cell], title: str, columns: Sequence[Column]) -> Table:
+    """One row per cell, each figure beside direct's at the same point."""
+    out = table(title, [name for name, _ in columns])
     direct = {(c.stream, c.clients): c for c in cells if c.target == "direct"}
     for c in cells:
         base = direct.get((c.stream, c.clients))
-        is_base = base is None or base is c
-        out.add_row(
-            "yes" if c.stream else "no", str(c.clients), c.target, str(c.ok + len(c.errors)), str(len(c.errors)),
-            ms(c.pct(50)), ms(c.pct(99)),
-            "–" if is_base else ms(c.pct(50) - base.pct(50)), "–" if is_base else ms(c.pct(99) - base.pct(99)),
-            f"{c.rps:.0f}", "–" if is_base else f"{c.rps / base.rps:.2f}" if base.rps else "–",
-            ms(c.cpu_ms(c.proxy_cpu)), ms(c.cpu_ms(c.main_thread_cpu)), ms(c.cpu_ms(c.upstream_cpu)),
-        )
+        out.add_row(*(figure(c, None if base is c else base) for _, figure in columns))
     return out
+
+
+def results_table(cells: list[Cell], title: str) -> Table:
+    """The small call's proxy overhead: one row per target and concurrency, against direct."""
+    return cells_table(cells, title, [
+        *call_columns(), cpu_column("proxy CPU ms/req", lambda c: c.proxy_cpu),
+        cpu_column("· main thread", lambda c: c.main_thread_cpu), cpu_column("upstream CPU ms/req", lambda c: c.upstream_cpu)])
 
 
 def target_lines(cells: list[Cell], polar: str = "polar", peer: str | None = None) -> list[str]:

@@ -92,6 +92,7 @@ class Service:
         self.name, self.cmd, self.health_url, self.log = name, list(cmd), health_url, log
         self.env, self.cwd = env, cwd
         self.proc: subprocess.Popen | None = None
+        self.db: Path | None = None  # polar's capture database (start_polar)
 
     def start(self, timeout: float = 120) -> Service:
         with open(self.log, "wb") as out:
@@ -152,6 +153,11 @@ def upstream_url(upstream: Service) -> str:
     return upstream.health_url.removesuffix("/health")
 
 
+def upstream_last_body(upstream: Service, path: str) -> dict[str, Any]:
+    """The last request body the upstream double got on `path`: what a proxy sent it."""
+    return httpx.get(f"{upstream_url(upstream)}/_bench/stats", timeout=10).json()["last"][path]
+
+
 def start_polar(workdir: Path, upstream: Service, sync: str, tokenizer: str | Path | None = None, *,
                 name: str | None = None, tag: str | None = None, tree: Path = REPO,
                 extra: Sequence[str] = ()) -> Service:
@@ -160,13 +166,44 @@ def start_polar(workdir: Path, upstream: Service, sync: str, tokenizer: str | Pa
     tree's polar, whatever the venv has installed); `extra`: more of its flags (e.g. --workers N)."""
     port = free_port()
     tag = tag or sync.lower() + ("-tokens" if tokenizer else "")
+    db = workdir / f"captures-{tag}.db"
     cmd = [sys.executable, "-m", "polar.cli", "proxy", *extra, "--upstream", upstream_url(upstream), "--port", str(port),
-           "--db", str(workdir / f"captures-{tag}.db"), "--set", f"polar_db_sync={sync}"]
+           "--db", str(db), "--set", f"polar_db_sync={sync}"]
     if tokenizer:
         cmd += ["--tokenizer", str(tokenizer)]
     name = name or f"polar (sync={sync}{', token-faithful' if tokenizer else ''})"
-    return Service(name, cmd, f"http://127.0.0.1:{port}/", workdir / f"polar-{tag}.log", env=OFFLINE,
-                   cwd=tree).start()
+    service = Service(name, cmd, f"http://127.0.0.1:{port}/", workdir / f"polar-{tag}.log", env=OFFLINE, cwd=tree)
+    service.db = db
+    return service.start()
+
+
+def start_workers(workdir: Path, upstream: Service, sync: str, count: int) -> Service:
+    """`polar proxy --workers N`: haproxy in front of N gateway processes, each capturing in a shard of its own
+    (polar.capture.shards) of `captures-workers.db`."""
+    return start_polar(workdir, upstream, sync, name=f"polar --workers {count}", tag="workers",
+                       extra=["--workers", str(count)])
+
+
+def front_pid(service: Service) -> int | None:
+    """The haproxy process among a `--workers` supervisor's children."""
+    return next((pid for pid in descendants(service.proc.pid) if comm(pid) == "haproxy"), None)
+
+
+def worker_pids(service: Service) -> list[int]:
+    """A `--workers` supervisor's children that are gateway workers (all but haproxy)."""
+    return [pid for pid in children(service.proc.pid) if comm(pid) != "haproxy"]
+
+
+def peak_rss(pid: int) -> int:
+    """VmHWM of a process and its live children, in bytes."""
+    total = 0
+    for p in [pid, *descendants(pid)]:
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+    return total
 
 
 def litellm_config(upstream_url: str, token_ids: bool = True, extra_body: dict | None = None,
@@ -213,6 +250,7 @@ class Target:
     headers: dict[str, str]
     proxy: Service | None = None
     session_per_client: bool = False  # client i's calls name session bench-i (`/s/bench-i/` base URL)
+    front: int | None = None  # a process of the proxy's whose CPU is also read apart (`--workers`: haproxy)
 
     def request(self, stream: bool) -> dict[str, Any]:
         return {**self.body, "stream": True} if stream else self.body
@@ -233,6 +271,13 @@ def direct_target(upstream: Service) -> Target:
 def anthropic_target(name: str, proxy: Service, session_per_client: bool = False) -> Target:
     """The small Anthropic Messages call through a proxy (polar in any form, LiteLLM)."""
     return Target(name, f"{proxy.base_url}/v1/messages", ANTHROPIC_BODY, ANTHROPIC_HEADERS, proxy, session_per_client)
+
+
+def workers_target(name: str, workers: Service) -> Target:
+    """The small Anthropic call through `polar proxy --workers N` (start_workers), every client a session of its
+    own so the front spreads them over the workers as it would agents; haproxy's CPU read apart."""
+    return Target(name, f"{workers.base_url}/v1/messages", ANTHROPIC_BODY, ANTHROPIC_HEADERS, workers,
+                  session_per_client=True, front=front_pid(workers))
 
 
 def polar_target(workdir: Path, upstream: Service, sync: str, name: str = "polar") -> Target:

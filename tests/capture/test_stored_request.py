@@ -1,5 +1,5 @@
 """The canonical request as a capture row holds it (`ChatRequest.stored`): exactly pydantic's JSON dump
-without None fields, on the six CLIs' real requests and on values whose JSON form differs from Python's."""
+without None fields, on the six CLIs' and four agents' real requests and on values whose JSON form differs from Python's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 
 from polar.canonical import ChatRequest, Message, Sampling, TextPart, Tool, ToolCall
-from polar.harnesses import CLIS
+from polar.harnesses import AGENTS, CLIS
 from polar.providers import ProviderSet, Sealer
 from tests.conftest import REPO
 
@@ -19,7 +19,7 @@ def _json_dump(request: ChatRequest) -> dict:
     return request.model_dump(mode="json", exclude_none=True)
 
 
-@pytest.mark.parametrize("harness", CLIS, ids=lambda h: h.name)
+@pytest.mark.parametrize("harness", (*CLIS, *AGENTS), ids=lambda h: h.name)
 def test_stored_form_of_real_requests_is_the_json_dump(harness):
     data = json.loads((REPO / "data" / "harness_requests" / f"{harness.name}.json").read_text())
     providers = ProviderSet(Sealer(b"0" * 32))

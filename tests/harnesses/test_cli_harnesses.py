@@ -5,12 +5,12 @@ URL, no proxy variable). The scripted model makes the CLI call its own shell too
 fixes the bug, then says "done". Checked: the CLI's exit code, the container's file, the captures,
 and that the session stays token-faithful after its first call.
 
-Every CLI runs on each real chat template (tests/conftest.py REAL_TEMPLATES): the gateway renders
-with it and the double answers in its model family's format. CI runs a subset of that matrix: all six on
-Qwen3.5 (the keep-alive test, which fixes the same bug), each on one of the other two templates, three
-per template; `scripts/test_matrix` runs all of it. What the gateway cannot render yet
-without shaping messages is marked xfail (strict), so wiring `shape()` in turns it into a failure
-to remove the mark.
+Every CLI runs on each real chat template: the Qwen ones (tests/conftest.py REAL_TEMPLATES) and the other
+families' the double writes (Llama-3.3's JSON calls, DeepSeek-V3.1, Kimi-K2, MiniMax-M2 with its reasoning kept in
+history; stand-in vocabularies, tests/support/stand_in.py). The gateway renders with the template and the double
+samples in its model family's format with the same vocabulary (tests/conftest.py `template_stack`). CI runs a subset
+of that matrix: all six on Qwen3.5 (the keep-alive test, which fixes the same bug), each on one of the other two Qwen
+templates and each on one other family, spread across the four; `scripts/test_matrix` runs all of it.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar.doubles.model_format import ModelFormat
 from polar.harnesses import CLIS, Harness, bugfix
 from polar.harnesses.bugfix import Run, steps
-from tests.conftest import real_template
+from tests.conftest import REAL_TEMPLATES
 from tests.support.scheduling import matrix_subset
 
 pytestmark = pytest.mark.docker
@@ -54,7 +53,9 @@ def run_task(transparent, image: str, harness: Harness, session: str, tmp_path: 
     return bugfix.run_task(transparent.runtime, transparent.ca_cert, image, harness, session, tmp_path)
 
 
-def check(run: Run, rows: list[dict], template: str | None = None) -> None:
+def check(run: Run, rows: list[dict], reasoned: bool = True) -> None:
+    """`reasoned`: the model wrote reasoning before its tool calls (not on Qwen3-Coder, which never reasons, nor on
+    DeepSeek-V3.1 unless the CLI asks to think)."""
     last = rows[-1]["request_body"][-1500:] if rows else b""
     detail = f"{run.harness.name} exit {run.exit_code} after {run.seconds:.0f}s:\n{run.output[-3000:]}\nlast request: {last!r}"
     assert run.harness.success(run.exit_code), detail
@@ -66,8 +67,8 @@ def check(run: Run, rows: list[dict], template: str | None = None) -> None:
     assert {(r["provider"], r["status"]) for r in routed} == {(run.harness.provider, "ok")}, summary(rows)
     assert any(run.marker.encode() in r["request_body"] for r in routed)
     # The follow-up turn's history holds the tool turn's reasoning: the CLI echoed it (text, signed
-    # block or sealed blob) and polar recovered it. (A model that never reasons, Qwen3-Coder, wrote none.)
-    if template is None or ModelFormat.for_template(real_template(template).read_text()).knows_think:
+    # block or sealed blob) and polar recovered it.
+    if reasoned:
         assert bugfix.REASONING in str(routed[-1]["canonical"]), summary(rows)
     # After its first call the main conversation's prompts extend the earlier prompt + sampled ids; a
     # re-render is only the start of another conversation (a CLI's side call, e.g. opencode's title).
@@ -104,14 +105,22 @@ def upstream_calls(transparent) -> int:
     return transparent.stack.double.generations
 
 
-def _one_other_template(params) -> bool:
-    """Qwen3.5 is the keep-alive test's; the CLIs alternate between Qwen3-hybrid and Qwen3-Coder."""
+# The families besides Qwen that the CLIs run on (labels of tests/conftest.py FAMILY_TEMPLATES), in the order CI
+# hands them to the CLIs: DeepSeek-V3.1 to Claude Code and pi, which ask to think (its template reasons only then).
+OTHER_FAMILIES = ("deepseek-v3.1", "llama-3.3", "minimax-m2", "kimi-k2")
+CLI_TEMPLATES = (*REAL_TEMPLATES, *OTHER_FAMILIES)
+
+
+def _in_ci(params) -> bool:
+    """Qwen3.5 is the keep-alive test's; the CLIs alternate between Qwen3-hybrid and Qwen3-Coder, and take the
+    other families in turn (each CLI one family, each family at least one CLI)."""
     other = ("qwen3-hybrid", "qwen3-coder")
-    template = params["template_stack"]
-    return template in other and other[CLIS.index(params["harness"]) % 2] == template
+    template, index = params["template_stack"], CLIS.index(params["harness"])
+    return template == other[index % 2] or template == OTHER_FAMILIES[index % len(OTHER_FAMILIES)]
 
 
-@matrix_subset(_one_other_template)
+@matrix_subset(_in_ci)
+@pytest.mark.parametrize("template_stack", CLI_TEMPLATES, indirect=True)
 @pytest.mark.parametrize("harness", CLIS, ids=lambda h: h.name)
 def test_cli_fixes_the_bug(template_stack, transparent, images, harness, tmp_path, request):
     template = template_stack.template
@@ -121,10 +130,41 @@ def test_cli_fixes_the_bug(template_stack, transparent, images, harness, tmp_pat
     before = upstream_calls(transparent)
     run = run_task(transparent, image, harness, session, tmp_path)
     rows = transparent.rows(session)
-    check(run, rows, template)
+    generated = [r for r in template_stack.rows(session) if r["endpoint"] == "generate"]
+    decode = template_stack.double.tokenizer.decode
+    called = [decode(r["completion_ids"]) for r in generated if r["finish_reason"] == "tool_calls"]
+    reasoned = any(bugfix.REASONING in text for text in called)
+    check(run, rows, reasoned)
+    # A model that reasons unasked did so (Qwen3.5, Qwen3-hybrid, MiniMax-M2); DeepSeek-V3.1 reasons when asked to.
+    assert reasoned or not reasons_unasked(template_stack.double), summary(rows)
     # Every upstream call of the run came through polar and was captured under this session.
     assert upstream_calls(transparent) - before == model_calls(rows), summary(rows)
+    # Rendered with the template, sampled in its family's format (the turns that called the shell tool).
+    template_stack.assert_served_with_template([r for r in generated if r["finish_reason"] == "tool_calls"])
+    assert_token_faithful(generated, decode, reasoned)
     print(f"{harness.name} {harness.version}: {len(rows)} calls in {run.seconds:.1f}s", [r["path"] for r in rows])
+
+
+def reasons_unasked(double) -> bool:
+    """Whether the double's template has the model reason when a request says nothing about thinking."""
+    prompt = double.tokenizer.apply_chat_template([{"role": "user", "content": "Fix it."}], tokenize=False,
+                                                  chat_template=double.template_text, add_generation_prompt=True)
+    return double.format.reasoning_mode(prompt) != "none"
+
+
+def assert_token_faithful(generated: list[dict], decode, reasoned: bool) -> None:
+    """On the ids: every token-faithful call's prompt starts with an earlier call's prompt + sampled ids (no sampled
+    id re-encoded), and reasoning the model sampled before a tool call is still in the last such prompt (DeepSeek-V3.1's
+    template re-renders an earlier turn without it, MiniMax-M2's once a user message follows; token-faithful history
+    keeps it)."""
+    faithful = []
+    for i, row in enumerate(generated):
+        if row["prompt_mode"].startswith("token-faithful"):
+            earlier = [r["prompt_ids"] + r["completion_ids"] for r in generated[:i]]
+            assert any(row["prompt_ids"][: len(full)] == full for full in earlier), (i, row["prompt_mode"])
+            faithful.append(row)
+    if reasoned:
+        assert bugfix.REASONING in decode(faithful[-1]["prompt_ids"])
 
 
 @pytest.mark.parametrize("template_stack", ["qwen3-hybrid"], indirect=True)
@@ -164,7 +204,7 @@ def test_cli_waits_through_keepalives(template_stack, transparent, images, harne
     finally:
         httpx.post(f"{transparent.stack.upstream_url}/_double/pace", json={"first_token_delay_s": 0}).raise_for_status()
     rows = transparent.rows(session)
-    check(run, rows, template_stack.template)
+    check(run, rows)  # Qwen3.5 reasons unasked
     assert upstream_calls(transparent) - before == model_calls(rows), summary(rows)
     generated = [r for r in rows if r["endpoint"] == "generate"]
     assert all(r["t_first"] - r["t_start"] >= 2.5 for r in generated), summary(rows)  # they really waited

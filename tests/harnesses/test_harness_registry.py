@@ -71,7 +71,7 @@ def test_unknown_harness_names_the_known_ones():
     with pytest.raises(KeyError, match="claude_code"):
         get("nope")
     assert set(HARNESSES) == {"claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "shell",
-                              "python-agent", "hermes", "mini_swe_agent", "openclaw"}
+                              "python-agent", "hermes", "mini_swe_agent", "openclaw", "openhands"}
     with pytest.raises(ValueError, match="unknown harness 'nope'"):
         make_harness("nope")
 

@@ -3,6 +3,8 @@ headless argv carrying the task once, polar's base URL and the session's key in 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from polar.harnesses import HARNESSES, PYTHON_AGENTS, SessionContext, make_harness
@@ -38,6 +40,9 @@ def test_mini_swe_agent_modes():
     assert tools.end_tool() == {"name": "bash", "arguments": {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}}
     assert text.end_tool() is None and "--model-class" in text.command(TASK) and "mini_textbased.yaml" in text.command(TASK)
     assert text.text_action("ls").endswith("```mswea_bash_command\nls\n```")
+    limited = make_harness("mini_swe_agent", {"step_limit": 3}).command(TASK)
+    assert limited[limited.index("mini.yaml") + 1:][:2] == ["-c", "agent.step_limit=3"]
+    assert "agent.step_limit" not in " ".join(tools.command(TASK))  # none by default: it ends by submitting
 
 
 def test_hermes_configures_no_context_length():
@@ -61,3 +66,25 @@ def test_openclaw_is_configured_with_polar_at_launch():
     assert config["update"]["checkOnStart"] is False and env["OPENCLAW_NO_AUTO_UPDATE"] == "1"
     messages = make_harness("openclaw", {"api": "anthropic-messages"}).config("http://p", "k")
     assert messages["models"]["providers"]["polar"]["baseUrl"] == "http://p"
+
+
+def test_openhands_runs_its_sdk_driver_on_the_hosts_python_312():
+    """OpenHands needs Python >= 3.12: the host's own 3.12 (a tree of its own, never /usr) installs it natively
+    and goes into its image with tmux; each api option captures under its provider."""
+    from polar.harnesses.openhands import DRIVER
+    from polar.harnesses.pip_harness import host_python, python_home
+
+    harness = make_harness("openhands")
+    python = host_python(harness.python)
+    assert python.name == "python3.12" and python_home(python) not in (Path("/usr"), Path("/usr/local"))
+    assert harness.debs == ("tmux",) and harness.prefix().name.endswith("-py3.12")
+    argv, env = harness.launch(TASK, CTX)
+    assert argv[1] == "../../polar/run_openhands.py" and argv[2] == TASK
+    assert harness.host_files(CTX) == {"/polar/run_openhands.py": DRIVER} and "get_default_agent" in DRIVER.read_text()
+    assert (env["OPENAI_BASE_URL"], env["ANTHROPIC_API_KEY"], env["POLAR_OPENHANDS_API"]) == (
+        "http://172.26.0.1/v1", CTX.api_key, "chat")
+    assert env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"  # no price-map fetch
+    assert [make_harness("openhands", {"api": a}).provider for a in ("chat", "responses", "messages")] == [
+        "openai_chat", "openai_responses", "anthropic"]
+    with pytest.raises(ValueError, match="api"):
+        make_harness("openhands", {"api": "gemini"}).launch(TASK, CTX)

@@ -1,6 +1,7 @@
 """The Python agents from PyPI, installed and run unchanged in Docker through the rollout service, on the
 real Qwen3.5 template (scripted double): each fixes the one-bug repository with its own shell tool (or
-text action), >= 2 captured calls, token-faithful after the first, one trajectory, reward 1.
+text action), >= 2 captured calls, token-faithful after the first, one trajectory, reward 1. OpenHands runs on
+Chat in CI, on Responses and Messages too under scripts/test_matrix.
 
 The first run builds the agent's image (pip on the host for the sandbox's Python, hundreds of MB, cached
 under ~/.cache/polar/pip); later runs reuse it.
@@ -19,6 +20,7 @@ from polar.rollout.tasks import Named, TaskSpec
 from tests.conftest import real_template
 from tests.rollout.conftest import node_env, run_sessions  # noqa: F401
 from tests.rollout.test_docker import docker_env  # noqa: F401
+from tests.support.scheduling import matrix_subset
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -123,3 +125,18 @@ def test_hermes_with_its_terminal_tool(qwen35, docker_env, tmp_path):  # noqa: F
     check_faithful(result, rows, qwen35)
     session = rows[0]["session_id"]
     assert all(r["status"] == "ok" for r in qwen35.rows(session))  # its probes left no error row
+
+
+@matrix_subset(lambda params: params["api"] == "chat")  # Responses and Messages: scripts/test_matrix
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+def test_openhands_with_its_terminal_tool(qwen35, docker_env, tmp_path, api):  # noqa: F811
+    """OpenHands' SDK agent (Python 3.12, the host's interpreter laid into its image; tmux for its terminal tool)
+    fixes the bug with `terminal`, then ends by answering without a tool call."""
+    env, _ = docker_env
+    harness = get("openhands").with_options(api=api)
+    steps = [{"reasoning": REASONING, "content": "", "tool_calls": [harness.shell_tool(FIX)]},
+             {"reasoning": REASONING, "content": "Fixed."}]
+    result, rows = run_fix(env, qwen35, tmp_path, "openhands", steps, {"api": api})
+    check_faithful(result, rows, qwen35)
+    assert {r["provider"] for r in rows} == {harness.provider}
+    assert all(r["status"] == "ok" for r in qwen35.rows(rows[0]["session_id"]))  # nothing but model calls

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.support.real_vllm import (
+    FAMILY_MODELS,
     REAL_TEMPLATES,
     OneServer,
     ensure_tiny_model,
+    polar_cache,
     real_template,
 )
 
@@ -50,6 +52,27 @@ def template_vllm(request, vllm_servers) -> TemplateServer:
     return TemplateServer(request.param, template, vllm_servers.url(template))
 
 
+@dataclass
+class FamilyServer:
+    """vLLM serving another family's tiny model (scripts/build_family_model.py) with its tool / reasoning parsers:
+    polar must load the same directory's tokenizer and template."""
+
+    name: str
+    model_dir: Path
+    template: Path
+    url: str
+
+
+@pytest.fixture(scope="session", params=list(FAMILY_MODELS))
+def family_vllm(request, vllm_servers) -> FamilyServer:
+    from tests.conftest import family_template
+
+    family_template(request.param)  # the real templates must be there (skips or fails as the others)
+    url = vllm_servers.url(family=request.param)
+    model = polar_cache() / "models" / f"{request.param}-tiny"
+    return FamilyServer(request.param, model, model / "chat_template.jinja", url)
+
+
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     """The directory vLLM serves: its tokenizer (and own chat template) are the ones polar must match."""
@@ -81,9 +104,11 @@ def start_polar(tmp_path_factory, model_dir) -> Iterator[Callable[[str, str], Po
 
     started: list[SubprocessProxy] = []
 
-    def start(upstream: str, mode: str, template: Path | None = None, endpoint: str = "auto") -> Polar:
+    def start(upstream: str, mode: str, template: Path | None = None, endpoint: str = "auto",
+              tokenizer_dir: Path | None = None) -> Polar:
         db = tmp_path_factory.mktemp(f"captures-{mode}") / "captures.db"
-        tokenizer = str(model_dir) if mode == "token-faithful" else ""  # a tokenizer turns token-faithful prompts on
+        # a tokenizer turns token-faithful prompts on; the tiny Qwen model's unless another model's is given
+        tokenizer = str(tokenizer_dir or model_dir) if mode == "token-faithful" else ""
         extra = {"polar_token_endpoint": endpoint} | ({"polar_chat_template": str(template)} if template else {})
         proxy = SubprocessProxy(ProxyConfig(upstream=upstream, db=str(db), port=free_port(), tokenizer=tokenizer,
                                             extra=extra))
@@ -98,15 +123,16 @@ def start_polar(tmp_path_factory, model_dir) -> Iterator[Callable[[str, str], Po
 
 def _template(item: pytest.Item) -> str:
     callspec = getattr(item, "callspec", None)
-    return callspec.params.get("template_vllm", "") if callspec else ""
+    params = callspec.params if callspec else {}
+    return params.get("template_vllm") or params.get("family_vllm") or ""
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own grouping by fixture parameters
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group integration tests by the template their vLLM serves, real templates first: one server runs at a
-    time (a new template stops the last one), so each template pays one cold start and the shared server,
+    """Group integration tests by the template (or family model) their vLLM serves, real templates first: one server
+    runs at a time (a new template stops the last one), so each template pays one cold start and the shared server,
     once started, keeps running to the end. Other items keep their places."""
-    order = {name: n for n, name in enumerate(REAL_TEMPLATES)}
+    order = {name: n for n, name in enumerate([*REAL_TEMPLATES, *FAMILY_MODELS])}
     slots = [n for n, item in enumerate(items) if HERE in Path(str(item.path)).parents]
     ordered = sorted((items[n] for n in slots), key=lambda item: order.get(_template(item), len(order)))
     for n, item in zip(slots, ordered, strict=True):

@@ -94,3 +94,38 @@ def test_each_option_is_declared_by_the_one_addon_that_reads_it_and_both_entry_p
     assert declared["polar_drain"] == ["DrainAddon"]  # declared where it is read (mitm/shutdown.py)
     script = runpy.run_path(str(REPO / "addons" / "polar_gateway.py"))["addons"]
     assert [type(a) for a in script] == [type(a) for a in chain]
+
+
+def test_a_set_option_joins_the_first_configure(tokenizer_dir, tmp_path):
+    """`--set polar_chat_template=FILE` beside `--tokenizer DIR` whose directory has no template of its own: the
+    gateway is built once with both (a first configure with the tokenizer alone would refuse to start)."""
+    import json
+    import shutil
+    import time
+
+    from polar.mitm.proxy import free_port
+    from polar.tokens.template import ChatTemplate
+
+    bare = tmp_path / "vocabulary"
+    bare.mkdir()
+    shutil.copy(tokenizer_dir / "tokenizer.json", bare)
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    template = tmp_path / "template.jinja"
+    template.write_text(config.pop("chat_template", None) or ChatTemplate.from_dir(tokenizer_dir).template_text)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+
+    def started(extra: dict) -> bool:
+        proxy = SubprocessProxy(ProxyConfig(port=free_port(), tokenizer=str(bare), db=str(tmp_path / "c.db"),
+                                            extra=extra))
+        try:
+            proxy.start()
+            time.sleep(2)  # a refused configure ends the process right after start-up
+            return proxy.proc.poll() is None
+        except RuntimeError:
+            return False
+        finally:
+            proxy.stop()
+
+    assert started({"polar_chat_template": str(template)})
+    assert not started({})  # the check above would see the refusal
+    assert ProxyConfig(extra={"polar_hot_sessions": "9"}).polar_options()["polar_hot_sessions"] == 9

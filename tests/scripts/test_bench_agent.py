@@ -86,3 +86,15 @@ def test_larger_tool_results_through_a_segment_cached_upstream(tokenizer_dir, tm
         firsts = {r["session_id"]: r["prompt_ids"] for r in reversed(rows)}  # each session's first call
         first[run.target.name] = sorted(tuple(ids) for ids in firsts.values())
     assert first["polar"] == first["polar-chat"] and len(first["polar"]) == SESSIONS + 1
+
+
+def test_the_agents_recorded_requests_replay(tokenizer_dir, tmp_path, monkeypatch):
+    """OpenClaw's, Hermes Agent's, mini-swe-agent's and OpenHands' real first requests (all OpenAI Chat), replayed
+    through polar and straight to the upstream, in both stream modes."""
+    bench = load_script(monkeypatch, "bench_agent")
+    agents = ["openclaw", "hermes", "mini_swe_agent", "openhands"]
+    runs = tiny(bench, tokenizer_dir, tmp_path, "--cli", *agents, "--targets", "direct", "polar")
+    assert [(r.cli, r.stream, r.target.name) for r in runs] == [
+        (cli, stream, target) for cli in agents for stream in (False, True) for target in ("direct", "polar")]
+    for run in runs:
+        check_run(run)

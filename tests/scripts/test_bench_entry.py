@@ -19,6 +19,9 @@ def test_lists_every_benchmark_script():
     listed = _run("--list").stdout.split()
     assert listed == sorted(p.stem.removeprefix("bench_") for p in (REPO / "scripts").glob("bench_*.py"))
     assert {"proxy", "peers", "ab", "workers", "stream", "agent", "storage", "store", "tokens", "rollout"} <= set(listed)
+    helped = _run("--help").stdout.split("benchmarks:\n", 1)[1].splitlines()
+    assert [line.split()[0] for line in helped] == listed  # each with its docstring's first line
+    assert any(line.split()[0] == "stream" and "time to first token" in line for line in helped)
 
 
 def test_runs_a_benchmark_with_its_flags():

@@ -1,4 +1,5 @@
-"""data/harness_requests: the six CLIs' recorded requests carry no secret and parse as their provider's format."""
+"""data/harness_requests: the six CLIs' and the four agents' recorded requests carry no secret and parse as their
+provider's format."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from polar.harnesses import CLIS
+from polar.harnesses import AGENTS, CLIS
 from polar.providers import ProviderSet, Sealer
 from tests.conftest import REPO
 
@@ -24,7 +25,11 @@ def load(cli: str) -> dict:
     return json.loads((FIXTURES / f"{cli}.json").read_text())
 
 
-@pytest.mark.parametrize("harness", CLIS, ids=lambda h: h.name)
+RECORDED = (*CLIS, *AGENTS)
+STREAMED = {"mini_swe_agent": False, "openhands": False}  # through LiteLLM, not streamed; every other one streams
+
+
+@pytest.mark.parametrize("harness", RECORDED, ids=lambda h: h.name)
 def test_fixture_has_no_secrets(harness):
     text = (FIXTURES / f"{harness.name}.json").read_text()
     data = json.loads(text)
@@ -37,7 +42,7 @@ def test_fixture_has_no_secrets(harness):
     assert all(h.lstrip("0") and len(h.lstrip("0")) < 8 for h in LONG_HEX.findall(text))
 
 
-@pytest.mark.parametrize("harness", CLIS, ids=lambda h: h.name)
+@pytest.mark.parametrize("harness", RECORDED, ids=lambda h: h.name)
 def test_fixture_parses_as_its_provider(harness):
     """polar's own detection routes both requests to the CLI's provider, which parses them: the first holds the
     task and the tools, the later one the tool call and its result."""
@@ -55,4 +60,4 @@ def test_fixture_parses_as_its_provider(harness):
     assert first.tools and data["marker"] in json.dumps(first.messages, default=str)
     assert len(later.messages) > len(first.messages)
     assert data["shell_tool"] in {tool.name for tool in first.tools}  # what the benchmark's model calls
-    assert data["stream"] is True  # all six CLIs stream their model calls
+    assert data["stream"] is STREAMED.get(harness.name, True)

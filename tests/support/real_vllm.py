@@ -51,6 +51,11 @@ def real_template(name: str) -> Path:
     return path
 
 
+# Other families' tiny models (scripts/build_family_model.py: their architecture, vocabulary and real template, with
+# weights that script a tool call) and the vLLM tool / reasoning parsers each is served with ("": none).
+FAMILY_MODELS = {"deepseek-v3.1": ("deepseek_v31", "deepseek_v3"), "llama-3.3": ("llama3_json", "")}
+
+
 FULL_MATRIX_TEMPLATE = "qwen3.5-4b"  # the model the Polar paper trains
 
 
@@ -110,6 +115,16 @@ def ensure_tiny_model(out: Path | None = None) -> Path:
     return out
 
 
+def ensure_family_model(family: str) -> Path:
+    """Build one family's tiny model unless its recipe stamp is current (scripts/test builds them before the workers
+    start; this is for a run without it)."""
+    build = subprocess.run([sys.executable, str(REPO / "scripts" / "build_family_model.py"), family],
+                           capture_output=True, text=True, check=False)
+    if build.returncode != 0:
+        pytest.fail(f"building the {family} model failed:\n{build.stdout}\n{build.stderr}", pytrace=False)
+    return polar_cache() / "models" / f"{family}-tiny"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -122,10 +137,12 @@ def real_vllm_server(
     max_model_len: int = MAX_MODEL_LEN,
     chat_template: Path | None = None,
     port: int | None = None,
+    family: str | None = None,
 ) -> Iterator[str]:
     """Serve the tiny model with scripts/serve_vllm_cpu.sh (on `port`, else a free one), with the model's own
-    chat template or `chat_template` (a real one: its tool-call parser follows); yield the base URL; stop it."""
-    url, pid = launch_real_vllm(model_dir, max_model_len, chat_template, port)
+    chat template or `chat_template` (a real one: its tool-call parser follows), or `family`'s tiny model (its own
+    template and parsers, FAMILY_MODELS); yield the base URL; stop it."""
+    url, pid = launch_real_vllm(model_dir, max_model_len, chat_template, port, family=family)
     try:
         yield url
     finally:
@@ -134,11 +151,11 @@ def real_vllm_server(
 
 def launch_real_vllm(model_dir: Path | None = None, max_model_len: int = MAX_MODEL_LEN,
                      chat_template: Path | None = None, port: int | None = None,
-                     env: dict[str, str] | None = None) -> tuple[str, int]:
+                     env: dict[str, str] | None = None, family: str | None = None) -> tuple[str, int]:
     """As real_vllm_server, without the stopping: (base URL, the process group to stop with stop_real_vllm).
     `env`: more for scripts/serve_vllm_cpu.sh (e.g. VLLM_SERVER_DEV_MODE, POLAR_VLLM_ARGS)."""
     require_vllm_venv()
-    model = ensure_tiny_model(model_dir)
+    model = ensure_family_model(family) if family else ensure_tiny_model(model_dir)
     port = port or free_port()
     log = Path(tempfile.gettempdir()) / f"polar-vllm-{port}.log"
     env = os.environ | {
@@ -151,6 +168,8 @@ def launch_real_vllm(model_dir: Path | None = None, max_model_len: int = MAX_MOD
         parser = REAL_TEMPLATES.get(Path(chat_template).stem, "qwen3_coder")
         extra = f"--chat-template {chat_template} --tool-call-parser {parser}"
         env["POLAR_VLLM_ARGS"] = f"{env.get('POLAR_VLLM_ARGS', '')} {extra}".strip()
+    if family:
+        env["POLAR_TOOL_PARSER"], env["POLAR_REASONING_PARSER"] = FAMILY_MODELS[family]
     started = time.monotonic()
     start = subprocess.run(
         ["bash", str(REPO / "scripts" / "serve_vllm_cpu.sh"), str(port), str(model)],
@@ -162,7 +181,8 @@ def launch_real_vllm(model_dir: Path | None = None, max_model_len: int = MAX_MOD
     if start.returncode != 0:
         pytest.fail(f"vLLM did not start:\n{start.stdout}\n{start.stderr}", pytrace=False)
     pid = int(start.stdout.split()[-1])
-    print(f"vLLM cold start {time.monotonic() - started:.0f}s ({Path(chat_template).stem if chat_template else 'model template'})")
+    what = family or (Path(chat_template).stem if chat_template else "model template")
+    print(f"vLLM cold start {time.monotonic() - started:.0f}s ({what})")
     return f"http://127.0.0.1:{port}", pid
 
 
@@ -171,22 +191,23 @@ class OneServer:
 
     Each template keeps its port, so a URL handed out earlier is served by its template again once
     asked for. Running servers can be reused instead (while iterating on tests): POLAR_VLLM_URL for the
-    model's own template, POLAR_VLLM_URLS="qwen3-hybrid=http://127.0.0.1:8001,..." for real ones.
+    model's own template, POLAR_VLLM_URLS="qwen3-hybrid=http://127.0.0.1:8001,..." for real ones (and families).
     """
 
     def __init__(self) -> None:
         self._ports: dict[str, int] = {}
         self._running: tuple[str, object] | None = None  # (template name, the server's context manager)
 
-    def url(self, template: Path | None = None) -> str:
-        name = template.stem if template else ""
+    def url(self, template: Path | None = None, family: str | None = None) -> str:
+        """The server on the tiny model with `template`, or on `family`'s tiny model (FAMILY_MODELS)."""
+        name = family or (template.stem if template else "")
         reused = _reused_urls().get(name)
         if reused:
             return reused
         if self._running is None or self._running[0] != name:
             self.close()
             port = self._ports.setdefault(name, free_port())
-            server = real_vllm_server(chat_template=template, port=port)
+            server = real_vllm_server(chat_template=template, port=port, family=family)
             server.__enter__()
             self._running = (name, server)
         return f"http://127.0.0.1:{self._ports[name]}"

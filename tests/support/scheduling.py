@@ -30,7 +30,7 @@ GROUPS_FILE = "POLAR_TEST_GROUPS"  # the environment variable naming this run's 
 
 # fixture → the resource it holds; a test using one runs in that resource's group
 RESOURCE_FIXTURES = {
-    "vllm": {"vllm_servers", "vllm_url", "template_vllm", "model_dir", "real_vllm"},
+    "vllm": {"vllm_servers", "vllm_url", "template_vllm", "family_vllm", "model_dir", "real_vllm"},
     "docker": {"docker_client", "docker_ready", "node_image", "transparent", "main_job", "images"},
 }
 RAY_MODULES = ("rollout/test_ray.py", "rollout/test_ray_failover.py")  # one cluster at a time, default ports

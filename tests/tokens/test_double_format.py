@@ -77,8 +77,8 @@ def test_template_switches_at_run_time(double_server, load):
     assert httpx.get(f"{url}/_double/template").json()["family"] == "qwen3_xml"  # the tokenizer's own again
 
 
-# The other families polar parses in token-faithful mode, on their real templates with stand-in vocabularies
-# (tests/support/stand_in.py). GLM is left out: token-faithful mode refuses it (no end-of-turn token after an answer).
+# The other families polar parses in token-faithful mode, on their real templates with DeepSeek's real vocabulary and
+# stand-ins for the rest (tests/support/stand_in.py). GLM is left out: token-faithful mode refuses it (no end-of-turn token after an answer).
 FAMILY_LABELS = {"llama-3.3": "llama3_json", "deepseek-v3.1": "deepseek_v31", "kimi-k2": "kimi_k2",
                  "minimax-m2": "minimax_m2"}
 # Llama-3's answer is text or calls, one call a turn (its template refuses parallel calls).
@@ -91,14 +91,14 @@ DROPS_REASONING = {"deepseek-v3.1"}
 def family_format(tokenizer_dir):
     from polar.tokens.template import ChatTemplate
     from tests.conftest import family_template
-    from tests.support.stand_in import END_TOKENS, stand_in_tokenizer
+    from tests.support.stand_in import END_TOKENS, family_tokenizer
 
     made: dict[str, tuple[ChatTemplate, ModelFormat]] = {}
 
     def get(label: str) -> tuple[ChatTemplate, ModelFormat]:
         if label not in made:
             text, family = family_template(label).read_text(), FAMILY_LABELS[label]
-            tok = stand_in_tokenizer(tokenizer_dir, family)
+            tok = family_tokenizer(tokenizer_dir, family)
             ct = ChatTemplate(tok, text, eos_token_ids=[tok.convert_tokens_to_ids(END_TOKENS[family][0])], name=label)
             made[label] = ct, ModelFormat.for_template(text)
         return made[label]
@@ -174,3 +174,36 @@ def test_double_answers_a_family_chat_call(tokenizer_dir, tmp_path):
     assert choice["token_ids"][-1] == double.tokenizer.convert_tokens_to_ids("<|im_end|>") == double.eos_id
     assert double.tokenizer.decode(choice["token_ids"]).startswith("Checking both.<|tool_calls_section_begin|>")
     assert refused.status_code == 400 and "kimi_k2 answers stream through the token-in endpoints" in refused.text
+
+
+def test_vocabulary_switches_with_the_template(tokenizer_dir, tmp_path):
+    """POST /_double/template with a "tokenizer": the double samples in that vocabulary (MiniMax-M2's stand-in) on
+    that family's real template; a template the new vocabulary cannot end leaves the old one in place; null returns
+    to the double's own vocabulary and template."""
+    from starlette.testclient import TestClient
+
+    from polar.doubles.scripted_vllm import ScriptedVLLM
+    from tests.conftest import family_template
+    from tests.support.stand_in import stand_in_dir
+
+    vocab = stand_in_dir(tokenizer_dir, tmp_path / "vocab", "minimax_m2")
+    double = ScriptedVLLM(tokenizer_dir)
+    own_size = double.vocab_size
+    body = {"messages": CONVERSATION, "tools": TOOLS, "return_token_ids": True}
+    with TestClient(double.app) as client:
+        switched = client.post("/_double/template", json={"chat_template": str(family_template("minimax-m2")),
+                                                          "tokenizer": str(vocab)}).json()
+        assert switched["family"] == "minimax_m2" and switched["tokenizer"] == str(vocab)
+        client.post("/_double/script", json={"steps": [STEPS[0].__dict__]}).raise_for_status()
+        answer = client.post("/v1/chat/completions", json=body).json()
+        ids = answer["choices"][0]["token_ids"]
+        assert ids[-1] == double.eos_id == double.tokenizer.convert_tokens_to_ids("[e~[") >= own_size
+        assert "<minimax:tool_call>" in double.tokenizer.decode(ids)
+        assert answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "run"
+        # Llama's turns end with <|eot_id|>, which Qwen's own vocabulary lacks.
+        bad = client.post("/_double/template", json={"chat_template": str(family_template("llama-3.3")),
+                                                     "tokenizer": str(tokenizer_dir)})
+        assert bad.status_code == 400 and "<|eot_id|>" in bad.json()["error"]["message"]
+        assert client.get("/_double/template").json() == switched  # vocabulary and template as they were
+        home = client.post("/_double/template", json={"chat_template": None, "tokenizer": None}).json()
+    assert home["family"] == "qwen3_xml" and home["tokenizer"] == str(tokenizer_dir) and double.vocab_size == own_size

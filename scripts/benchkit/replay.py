@@ -4,23 +4,23 @@ A `Session` starts from the CLI's real first request and, after each call, appen
 received — parsed from that provider's response, streamed or not — and one tool result per tool call
 holding ~2 KB of tool output, shaped as the CLI shaped its own tool result in the recorded later turn.
 One `Api` per provider format knows the three things that differ: where streaming is switched, how an
-answer is read, and how it goes back into the history. Used by scripts/bench_agent.py.
+answer is read, and how it goes back into the history. The tool output (`tool_output`, in `prose`) and the
+Anthropic stream reader (`blocks_of`) serve scripts/bench_storage.py's Claude Code-shaped sessions as well;
+benchkit/lockstep.py drives these sessions against the targets.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import sys
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from bench_storage import blocks_of, tool_output  # noqa: E402  (Anthropic's stream reader, the tool output)
+from benchkit.targets import REPO
 
-FIXTURES = HERE.parent / "data" / "harness_requests"
+FIXTURES = REPO / "data" / "harness_requests"
 # A dummy key in the header each provider's clients send it in (the recorded headers have none).
 AUTH = {"anthropic": {"x-api-key": "bench"}, "openai_chat": {"authorization": "Bearer bench"},
         "openai_responses": {"authorization": "Bearer bench"}, "gemini": {"x-goog-api-key": "bench"}}
@@ -54,6 +54,65 @@ def sse_data(raw: bytes) -> list[dict[str, Any]]:
         if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
             events.append(json.loads(line[5:]))
     return events
+
+
+def blocks_of(sse: bytes) -> list[dict[str, Any]]:
+    """The assistant content a client rebuilds from an Anthropic Messages stream, as it sends it back."""
+    blocks: list[dict[str, Any]] = []
+    partial: dict[int, str] = {}
+    for event in sse_data(sse):
+        if event["type"] == "content_block_start":
+            blocks.append(dict(event["content_block"]))
+        elif event["type"] == "content_block_delta":
+            block, delta = blocks[event["index"]], event["delta"]
+            if delta["type"] == "input_json_delta":
+                partial[event["index"]] = partial.get(event["index"], "") + delta["partial_json"]
+            else:
+                key = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature"}[delta["type"]]
+                block[key] = block.get(key, "") + delta[key]
+    for index, raw in partial.items():
+        blocks[index]["input"] = json.loads(raw)
+    return blocks
+
+
+# -- what the replayed sessions' tools output ---------------------------------------------------
+
+WORDS = ("the of to and a in is it you that for on with as are this be at or have from by not but what all when "
+         "can use tool file code user task run test read write edit command output must should never always only "
+         "each before after change project repository function error result make sure check path line return "
+         "value new old search pattern commit branch message prefer avoid explain concise answer step plan").split()
+
+
+def prose(rng: random.Random, chars: int) -> str:
+    """English-like instructions: a small vocabulary in sentences, about as compressible as real prose."""
+    out: list[str] = []
+    size = 0
+    while size < chars:
+        sentence = " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 18))).capitalize() + "."
+        out.append(sentence)
+        size += len(sentence) + 1
+    return " ".join(out)
+
+
+def tool_output(session: int, turn: int, size: int = 2000) -> str:
+    """~`size` bytes of a tool's output: file listings, code, test logs — different per session and turn."""
+    rng = random.Random(f"out {session} {turn}")
+    lines: list[str] = []
+    while sum(len(line) + 1 for line in lines) < size:
+        kind = rng.randrange(3)
+        if kind == 0:
+            lines.append(f"src/pkg_{rng.randrange(40)}/module_{rng.randrange(200)}.py:{rng.randrange(900)}: "
+                         f"def handler_{rng.randrange(10_000)}(request, *, timeout={rng.randrange(60)}):")
+        elif kind == 1:
+            lines.append(f"tests/test_{rng.randrange(300)}.py::test_case_{rng.randrange(5000)} "
+                         f"{rng.choice(['PASSED', 'FAILED', 'SKIPPED'])} [{rng.randrange(100)}%]")
+        else:
+            lines.append("    " + prose(rng, 60))
+    return "\n".join(lines)
+
+
+
+# -- one format each --------------------------------------------------------------------------------
 
 
 def _text_like(template: Any, text: str) -> Any:
