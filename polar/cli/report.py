@@ -10,8 +10,9 @@ import click
 @click.command()
 @click.option("--state", "state_path", type=click.Path(dir_okay=False),
               help="Rollout state DB (rollout.db): outcomes, rewards, stage timings, scored trajectories.")
-@click.option("--db", "captures_path", type=click.Path(dir_okay=False),
-              help="Capture DB (captures.db): every model call; trajectories and drift are rebuilt from it.")
+@click.option("--db", "captures_path", type=click.Path(dir_okay=False), multiple=True,
+              help="Capture DB (captures.db): every model call; trajectories and drift are rebuilt from it. "
+                   "Repeat it for a --ray run's node databases (captures-<node>.db), read as one run.")
 @click.option("--out", default="report.html", show_default=True, type=click.Path(dir_okay=False),
               help="Where to write the HTML page.")
 @click.option("--title", default="polar run report", show_default=True)
@@ -26,6 +27,7 @@ def report(state_path, captures_path, out, title, tokenizer_dir, verification, u
     """Write an HTML report of a run: rewards, tokens and turns, stage timings, trajectories, drift."""
     from polar.reporting import ReportInputError, write_report
 
+    captures_path = list(captures_path) or None
     if state_path is None and captures_path is None:
         raise click.UsageError("give --state ROLLOUT_DB, --db CAPTURES_DB, or both")
     tokenizer = None

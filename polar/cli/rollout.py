@@ -19,7 +19,7 @@ from polar.rollout.state import RolloutState
 from polar.rollout.tasks import SessionResult, load_tasks
 
 # The gateway options the embedded gateway (and each Ray node's) takes from the command line.
-EMBEDDED_OPTIONS = ("polar_upstream", "polar_upstream_model", "polar_tokenizer", "polar_db")
+EMBEDDED_OPTIONS = ("polar_upstream", "polar_upstream_model", "polar_tokenizer", "polar_db", "polar_upstream_stall")
 STAGES = ("queued", "init", "ready", "running", "postrun", "done")
 
 
@@ -71,7 +71,7 @@ def serve(host, port, token, state_path, proxy_port, init_workers, ready_size, r
     except ValueError as exc:  # said as the CLI says a bad flag, not as a traceback
         raise click.UsageError(f"{exc} (--token, or $POLAR_ROLLOUT_TOKEN)") from None
     add_upstream_file(options, upstream_file)
-    gateway = gateway_values(options, EMBEDDED_OPTIONS)  # upstream, upstream_model, tokenizer, db
+    gateway = gateway_values(options, EMBEDDED_OPTIONS)  # upstream, upstream_model, tokenizer, db, upstream_stall
     config = NodeConfig(init_workers=init_workers, ready_size=ready_size, running_slots=running_slots,
                         postrun_workers=postrun_workers, max_staleness=max_staleness, watchdog=watchdog)
     if ray_address:
@@ -91,7 +91,7 @@ def serve(host, port, token, state_path, proxy_port, init_workers, ready_size, r
 
         try:
             proxy, env = embedded_gateway(gateway["upstream"], gateway["db"], proxy_port, gateway["upstream_model"],
-                                          gateway["tokenizer"], docker, allow_open_egress)
+                                          gateway["tokenizer"], docker, allow_open_egress, gateway["upstream_stall"])
         except RuntimeUnavailable as err:  # e.g. the sandbox network's egress lock: said plainly, no traceback
             raise click.ClickException(str(err)) from err
         phases, capture_db, runtimes = SessionPhases(env, config), gateway["db"], list(env.runtimes.values())

@@ -81,6 +81,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("polar_upstream_key", str, "", "API key polar sends to the upstream (never the client's).", "backend"),
     # int, not float: mitmproxy's `--set` cannot parse float options.
     Option("polar_upstream_timeout", int, 600, "Seconds to wait for one upstream answer.", "backend", min=1),
+    # Off by default: vLLM is silent while a call queues and prefills, so any bound is the user's to choose.
+    Option("polar_upstream_stall", int, 0, "Seconds an upstream answer may bring no byte (before it begins, or "
+           "between stream chunks) before polar asks the server's health probe: no answer there either = it "
+           "stalled (a fleet takes it out and retries a call its client saw nothing of); an answer = busy, the "
+           "call waits on. 0 = off (only --upstream-timeout).", "backend", min=0),
     Option("polar_db", str, "captures.db", "SQLite file that receives one row per model call.", "writer", path=True),
     Option("polar_db_sync", str, "FULL", "SQLite synchronous mode for captures.", "writer", choices=("FULL", "NORMAL")),
     Option("polar_db_busy_timeout", int, 30, "Seconds a capture write waits for another process's lock on the "

@@ -23,5 +23,5 @@ def build_backend(opts: Any):
         urls, model=opts.polar_upstream_model or None, api_key=opts.polar_upstream_key or None,
         timeout=opts.polar_upstream_timeout, chat_template=opts.polar_chat_template or None,
         tokenizer=opts.polar_tokenizer or None, endpoint=opts.polar_token_endpoint,
-        imbalance=opts.polar_fleet_imbalance / 100,
+        imbalance=opts.polar_fleet_imbalance / 100, stall=opts.polar_upstream_stall,
     )

@@ -228,10 +228,11 @@ class SubprocessProxy:
         return cmd
 
     def launch(self, **popen) -> None:
-        """Start the process without waiting (several start side by side, then `wait_ready` each)."""
+        """Start the process without waiting (several start side by side, then `wait_ready` each). `popen`:
+        Popen's own arguments (stdout, where its log goes, is dropped unless given)."""
         import subprocess
 
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, **popen)
+        self.proc = subprocess.Popen(self.command(), **{"stdout": subprocess.DEVNULL, **popen})
 
     def wait_ready(self, timeout: float = 120) -> str:
         import socket

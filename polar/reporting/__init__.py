@@ -10,7 +10,8 @@ from polar.reporting.gather import ReportInputError, RunData, SessionStats, gath
 from polar.reporting.html import render
 
 
-def write_report(out: str | Path, state: str | Path | None = None, captures: str | Path | None = None,
+def write_report(out: str | Path, state: str | Path | None = None,
+                 captures: str | Path | list[str | Path] | tuple | None = None,
                  tokenizer=None, title: str = "polar run report", verification: list[str | Path] | tuple = (),
                  replica_metrics: dict[str, dict[str, float] | None] | None = None) -> RunData:
     """Gather the inputs, render them and write the page to `out`; returns what was gathered.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,7 +117,7 @@ class SessionStats:
 @dataclass
 class RunData:
     state_path: Path | None
-    captures_path: Path | None
+    captures_path: Path | str | None  # several (a --ray run's nodes' databases): their paths, comma-separated
     sessions: list[SessionStats]
     drift: list[SessionDrift] | None  # None without a capture DB
     capture_span: tuple[float, float] | None = None  # first call's start, last call's end (epoch seconds)
@@ -163,9 +163,13 @@ class RunData:
         return dict(sorted(versions.items()))
 
 
-def gather(state: str | Path | None = None, captures: str | Path | None = None,
+def gather(state: str | Path | None = None, captures: str | Path | Sequence[str | Path] | None = None,
            tokenizer: Decoder | None = None, verification: list[str | Path] | tuple = ()) -> RunData:
-    """Read the inputs (at least one DB) into a RunData; bad inputs raise ReportInputError."""
+    """Read the inputs (at least one DB) into a RunData; bad inputs raise ReportInputError. `captures`: one
+    capture DB (and its workers' shards), or several — a `--ray` run's, one per node actor (a session's calls
+    are all in one of them)."""
+    if isinstance(captures, Sequence) and not isinstance(captures, str):
+        captures = [Path(p) for p in captures] or None
     if state is None and captures is None:
         raise ReportInputError("give a rollout state DB, a capture DB, or both")
     try:
@@ -179,8 +183,9 @@ def gather(state: str | Path | None = None, captures: str | Path | None = None,
             sessions[stats.session_id] = stats
     drift, span, replicas = None, None, []
     if captures is not None:
-        captures = Path(captures)
-        rows = _read_captures(captures)
+        paths = captures if isinstance(captures, list) else [Path(captures)]
+        captures = paths[0] if len(paths) == 1 else ", ".join(str(p) for p in paths)
+        rows = [row for path in paths for row in _read_captures(path)]
         _attach_captures(sessions, rows)
         drift = drift_report(rows, tokenizer)
         replicas = replica_stats(rows)

@@ -61,7 +61,7 @@ class NodeEnv:
 
 
 def embedded_gateway(upstream: str, db: str, port: int, upstream_model: str = "", tokenizer: str = "",
-                     docker: bool = False, allow_open_egress: bool | None = None):
+                     docker: bool = False, allow_open_egress: bool | None = None, upstream_stall: int = 0):
     """polar in this process, and the runtimes whose sessions reach it. `local`: reverse mode for
     harnesses that take a base URL, an explicit-proxy listener for those that only honour
     HTTPS_PROXY. `docker` (optional): transparent listeners on the session network's gateway, so
@@ -72,7 +72,8 @@ def embedded_gateway(upstream: str, db: str, port: int, upstream_model: str = ""
     from polar.mitm.transparent import add_listeners, ca_cert_path, transparent_modes
 
     proxy = BackgroundProxy(ProxyConfig(upstream=upstream, db=db, port=port or free_port(),
-                                        upstream_model=upstream_model, tokenizer=tokenizer))
+                                        upstream_model=upstream_model, tokenizer=tokenizer,
+                                        upstream_stall=upstream_stall))
     proxy.start()
     registry = proxy.addon.gateway.registry
     regular = f"127.0.0.1:{free_port()}"

@@ -28,7 +28,7 @@ from ray.exceptions import ActorDiedError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from polar.rollout.node import GatewayNode, NodeConfig
-from polar.rollout.service import NodeLost, pending_calls
+from polar.rollout.service import NodeLost, fleet_view, pending_calls, with_fleet
 from polar.rollout.tasks import SessionResult, SessionSpec
 
 
@@ -57,7 +57,8 @@ class NodeActor:
             self.capture_db = str(db.with_name(f"{db.stem}-{self.config.name}{db.suffix}"))
             self.proxy, env = embedded_gateway(spec["upstream"], self.capture_db, spec.get("port", 0),
                                                spec.get("upstream_model", ""), spec.get("tokenizer", ""),
-                                               spec.get("docker", False), spec.get("allow_open_egress"))
+                                               spec.get("docker", False), spec.get("allow_open_egress"),
+                                               spec.get("upstream_stall", 0))
             self.runtimes = list(env.runtimes.values())
             phases = SessionPhases(env, self.config)
         else:
@@ -91,7 +92,9 @@ class NodeActor:
         return [(kind, p.model_dump(mode="json") if isinstance(p, SessionResult) else p) for kind, p in events]
 
     async def stats(self) -> dict[str, Any]:
-        return {**(await self._node()).stats(), "ray_node": ray.get_runtime_context().get_node_id()}
+        """The node's stats, its Ray machine, and its gateway's fleet of replicas (as the local node's)."""
+        stats = {**(await self._node()).stats(), "ray_node": ray.get_runtime_context().get_node_id()}
+        return with_fleet(stats, await fleet_view(self.proxy))
 
     async def close(self) -> None:
         if self.node is not None:

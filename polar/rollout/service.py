@@ -35,6 +35,7 @@ from polar.rollout.tasks import SessionResult, SessionSpec, TaskSpec
 
 log = logging.getLogger("polar.rollout.service")
 _CALL_TIMEOUT_S = 5.0  # for calls to a node that may not answer (status, cancelling what it lost)
+_SCRAPE_TIMEOUT_S = 2.0  # for a replica's /metrics in a node's status: a stalled one must not cost the node its line
 
 
 class NodeLost(Exception):
@@ -102,23 +103,28 @@ class LocalNode:
         return await self.node.next_events(timeout)
 
     async def stats(self) -> dict[str, Any]:
-        stats = self.node.stats()
-        if (fleet := self._fleet()) is not None:  # per replica: in or out, load, failures, prefix-cache hits
-            loop = self._gateway().master.event_loop
-            stats["fleet"] = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fleet.report(), loop))
-        return stats
-
-    def _fleet(self):
-        """The gateway's fleet of upstream replicas, when it has several (polar/upstream/fleet)."""
-        gateway = self._gateway()
-        backend = getattr(getattr(getattr(gateway, "addon", None), "gateway", None), "backend", None)
-        return backend if hasattr(backend, "report") else None
+        return with_fleet(self.node.stats(), await fleet_view(self._gateway()))
 
     async def close(self) -> None:
         await self.node.stop()
         close = getattr(self.node.phases, "close", None)
         if close:
             close()
+
+
+async def fleet_view(gateway: Any) -> dict[str, Any] | None:
+    """An embedded gateway's fleet of upstream replicas as a node's status shows it — per replica: in or out,
+    calls and tokens in flight, failures, its vLLM's prefix-cache hit rate (scraped now) — or None when the
+    gateway has one upstream (or none: a simulated node). The local node and each Ray node actor report it so."""
+    backend = getattr(getattr(getattr(gateway, "addon", None), "gateway", None), "backend", None)
+    if not hasattr(backend, "report"):
+        return None
+    report = asyncio.run_coroutine_threadsafe(backend.report(_SCRAPE_TIMEOUT_S), gateway.master.event_loop)
+    return await asyncio.wrap_future(report)  # on the proxy's own loop, where the fleet lives
+
+
+def with_fleet(stats: dict[str, Any], fleet: dict[str, Any] | None) -> dict[str, Any]:
+    return {**stats, "fleet": fleet} if fleet is not None else stats
 
 
 def pending_calls(capture_db: str | None) -> int:
@@ -245,7 +251,7 @@ class RolloutService:
         return {"paused": False, "policy_version": self.policy_version}
 
     async def status(self) -> dict[str, Any]:
-        nodes = [await self._node_status(node) for node in self.nodes]
+        nodes = list(await asyncio.gather(*(self._node_status(node) for node in self.nodes)))
         return {**self.state.counts(), "policy_version": self.policy_version, "paused": self.paused,
                 "uptime": time.time() - self.started, "nodes": nodes,
                 "unhealthy_nodes": [n["node"] for n in nodes if not n["healthy"]],

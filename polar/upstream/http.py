@@ -18,6 +18,7 @@ import orjson
 from polar.errors import GatewayError
 from polar.json_values import compact
 from polar.upstream.h1 import Answer, Pool, UpstreamConnectError
+from polar.upstream.stall import Stall
 
 _CONTEXT_MARKERS = ("maximum context length", "context length", "too long", "max_model_len", "maximum model length")
 
@@ -45,16 +46,24 @@ class OpenStream:
     url: str
     answer: Answer
     read_timeout: float  # the longest silence between two pieces of the stream
+    stall: Stall | None = None  # a shorter silence, past which the upstream's health probe decides (stall.py)
+
+    async def read(self) -> bytes:
+        return await (self.stall.read(self.answer, self.read_timeout) if self.stall
+                      else self.answer.read(self.read_timeout))
 
     def close(self) -> None:
         self.answer.close()  # unread: its connection closes, and vLLM stops sampling it
 
 
 class UpstreamHTTP:
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0, max_connections: int = 1024):
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0, max_connections: int = 1024,
+                 stall: float = 0.0):
         self.base_url = base_url.rstrip("/")
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
+        # `stall` seconds without a byte: the upstream's health probe tells a busy server from a stalled one.
+        self.stall = Stall(self.base_url, stall, self._headers) if stall else None
         self._max_connections = max_connections
         Pool(self.base_url, headers=self._headers)  # a base URL or key polar cannot send fails now, not per call
         self._pool: Pool | None = None
@@ -91,7 +100,8 @@ class UpstreamHTTP:
         url = self.base_url + path
         try:
             # A pooled connection the server closed as we wrote is retried once by the pool (nothing was answered).
-            status, raw = await self._client().fetch(method, path, _body(body), self.timeout)
+            fetch = self._client().fetch(method, path, _body(body), self.timeout)
+            status, raw = await (self.stall.watch(fetch) if self.stall else fetch)
         except (TimeoutError, OSError) as exc:
             raise self._failure(url, exc) from None
         try:
@@ -112,9 +122,10 @@ class UpstreamHTTP:
         url = self.base_url + path
         try:
             async with asyncio.timeout(self.timeout):
-                answer = await self._client().open("POST", path, _body(body))
+                opened = self._client().open("POST", path, _body(body))
+                answer = await (self.stall.watch(opened, Answer.close) if self.stall else opened)
                 if answer.status < 400:
-                    return OpenStream(url, answer, self.timeout)
+                    return OpenStream(url, answer, self.timeout, self.stall)
                 try:
                     raw = await answer.body()
                 finally:
@@ -207,7 +218,7 @@ async def sse_batches(resp: OpenStream) -> AsyncIterator[list[str]]:
     """
     lines = _Lines()
     try:
-        while block := await resp.answer.read(resp.read_timeout):
+        while block := await resp.read():
             if batch := lines.feed(block):
                 yield batch
     except TimeoutError:

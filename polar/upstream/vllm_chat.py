@@ -36,13 +36,15 @@ class VLLMChat:
         timeout: float = 600.0,
         max_connections: int = 1024,
         chat_template: str | None = None,
+        stall: float = 0.0,
     ):
         self.base_url = base_url.rstrip("/")
         # The template vLLM serves with, when the user told polar (`polar_chat_template`): shaping uses it.
         self.chat_template = chat_template
         self._model = model
         self._window: int | None = None
-        self.http = UpstreamHTTP(base_url, api_key=api_key, timeout=timeout, max_connections=max_connections)
+        self.http = UpstreamHTTP(base_url, api_key=api_key, timeout=timeout, max_connections=max_connections,
+                                 stall=stall)
 
     async def aclose(self) -> None:
         await self.http.aclose()

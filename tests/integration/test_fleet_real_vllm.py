@@ -3,7 +3,8 @@ polar's worker extension, for weight updates) behind polar, started together (on
 
 Session-affine routing against round-robin on the same multi-turn sessions, both hit rates from vLLM's own
 /metrics counters; a policy update through the sampling gate reaching both servers, every row after the
-resume carrying the new version from either; then one server SIGKILLed while sessions run through the real
+resume carrying the new version from either; one server frozen (SIGSTOP) under --upstream-stall, its calls
+moved and it taken back in once it runs again; then one server SIGKILLed while sessions run through the real
 proxy: every session finishes on the other, its prompts still extend token for token, no capture is lost,
 and only the calls in flight at the kill see an error."""
 
@@ -35,6 +36,7 @@ from tests.support.real_vllm import REPO, SERVED_MODEL, launch_real_vllm, stop_r
 pytestmark = pytest.mark.vllm
 
 SESSIONS, TURNS = 5, 4  # an odd number: round-robin over two replicas moves every session every turn
+STALL = 3  # --upstream-stall: seconds of silence before the health probe (5 s of its own)
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +141,63 @@ def test_a_policy_update_reaches_both_servers_and_every_row_after_resume_carries
     assert len(before) == len(after) == SESSIONS * 2 and all(r["status"] == "ok" for r in rows)
     assert {r["policy_version"] for r in before} != {"7"}
     assert {r["policy_version"] for r in after} == {"7"} and {r["replica"] for r in after} == set(urls)
+
+
+def test_a_frozen_server_stalls_its_calls_move_and_it_is_taken_back_in(pair, model_dir, tmp_path, request):
+    """SIGSTOP on the second server's process group (API server and engine: a frozen machine, whose kernel
+    still accepts connections): with --upstream-stall, a whole and a streamed call sent to it move to the
+    other server, token for token; it is out while frozen and taken back in once it runs again."""
+    shared, own, own_pid = pair
+    db, log = tmp_path / "captures.db", tmp_path / "proxy.log"
+    proxy = SubprocessProxy(ProxyConfig(upstream=f"{own},{shared}", db=str(db), port=free_port(),
+                                        tokenizer=str(model_dir), upstream_stall=STALL,
+                                        extra={"polar_upstream_timeout": 120}))
+    with log.open("w") as out:  # its log: replicas taken out and back in
+        proxy.launch(stdout=out, stderr=out)
+    request.addfinalizer(proxy.stop)
+    proxy.wait_ready(120)
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-test", max_retries=0, timeout=120)
+
+    def turn(session: str, messages: list[dict], stream: bool) -> str:
+        reply = client.chat.completions.create(model=SERVED_MODEL, messages=messages, max_tokens=16, temperature=0,
+                                               stream=stream, extra_headers={"x-polar-session": session})
+        if stream:
+            return "".join(c.choices[0].delta.content or "" for c in reply if c.choices)
+        return reply.choices[0].message.content or ""
+
+    def rows(session: str) -> list[dict]:
+        return list(CaptureReader(db).calls(session=session))
+
+    # Idle, a new session goes to the server holding fewer sessions (the first on a tie): own, shared, own.
+    histories = {name: [{"role": "user", "content": f"Session {name}: list the repository's modules."}]
+                 for name in ("frozen-whole", "frozen-other", "frozen-stream")}
+    for name, messages in histories.items():
+        messages += [{"role": "assistant", "content": turn(name, messages, False)},
+                     {"role": "user", "content": _tool_output(1, 0)}]
+    assert [rows(name)[0]["replica"] for name in histories] == [own, shared, own]
+    os.killpg(own_pid, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda args: turn(*args), [("frozen-whole", histories["frozen-whole"], False),
+                                                     ("frozen-stream", histories["frozen-stream"], True)]))
+        for name in ("frozen-whole", "frozen-stream"):
+            first, second = rows(name)
+            assert second["status"] == "ok" and second["replica"] == shared
+            (failover,) = second["result"]["failovers"]
+            assert failover.startswith(f"{own}: upstream_timeout: the upstream {own} stalled: no byte of its answer")
+            held = first["prompt_ids"] + first["completion_ids"]  # token for token across the move
+            assert second["prompt_ids"][:len(held)] == held and second["prompt_mode"].startswith("token-faithful")
+        assert f"replica {own} taken out of the fleet: the upstream {own} stalled" in log.read_text()
+        turn("frozen-new", [{"role": "user", "content": "A new session while one server is frozen."}], False)
+        assert rows("frozen-new")[0]["replica"] == shared
+    finally:
+        os.killpg(own_pid, signal.SIGCONT)
+    deadline = time.monotonic() + 60
+    while f"replica {own} answers again: taken back in" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.5)
+    turn("after-thaw", [{"role": "user", "content": "A new session once both servers run."}], False)
+    assert rows("after-thaw")[0]["replica"] == own  # it holds fewer sessions now
 
 
 def test_a_server_killed_mid_run_loses_no_session_and_no_capture(pair, model_dir, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -11,6 +12,10 @@ from polar.rollout.service import RolloutService
 from polar.rollout.state import RolloutState
 from polar.rollout.tasks import TaskSpec
 from tests.rollout.conftest import ONE_CALL, first_results
+
+# One model call whose prompt no other session shares (the same prompt would follow its prefix to one replica).
+OWN_PROMPT_CALL = ("{python} -c \"import openai, uuid; openai.OpenAI(max_retries=0).chat.completions.create("
+                   "model='m', messages=[{'role': 'user', 'content': 'hello ' + uuid.uuid4().hex}])\"")
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # a local Ray cluster takes seconds to start
@@ -115,3 +120,92 @@ def test_cli_serves_with_ray_node_actors(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+def test_rollout_status_shows_every_node_actor_s_fleet(local_ray, double_server, tokenizer_dir, tmp_path):
+    """`polar rollout status` on a server whose nodes are Ray actors: each actor's gateway routes over its own
+    fleet of the same two upstream replicas (scripted vLLM doubles, TEST DOUBLES; one a process of its own),
+    and reports it as the embedded node does — per replica in or out, calls, failures. Once that process is
+    killed, a node whose fleet took it out (its calls failed over: its own capture rows say so) warns of it."""
+    from click.testing import CliRunner
+
+    from polar.capture.reader import CaptureReader
+    from polar.cli.rollout import status as status_command
+    from polar.rollout.client import RolloutClient
+    from polar.rollout.ray_nodes import launch_nodes
+    from polar.rollout.tasks import Named
+    from tests.rollout.conftest import ApiServer
+    from tests.support.replicas import DoubleProcess
+
+    other = DoubleProcess(tokenizer_dir)
+    other.launch()
+    other.wait_ready()
+    urls = [double_server[1], other.url]
+    phases = {"kind": "gateway", "upstream": ",".join(urls), "db": str(tmp_path / "captures.db"),
+              "tokenizer": str(tokenizer_dir)}
+
+    nodes = launch_nodes(NodeConfig(name="fleet", running_slots=1), phases, per_node=2)
+    ray.get([node.actor.stats.remote() for node in nodes], timeout=120)  # each builds its gateway: seconds
+
+    def make():
+        return RolloutService(RolloutState(tmp_path / "r.db"), nodes)
+
+    def task(name: str, samples: int) -> TaskSpec:  # each session its own prompt: routing spreads them
+        return TaskSpec(id=name, instruction="x", samples=samples,
+                        harness=Named(name="shell", options={"script": OWN_PROMPT_CALL}))
+
+    def status() -> tuple[dict, list[str]]:
+        out = CliRunner().invoke(status_command, ["--server", server.url])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.stdout), [line for line in out.stderr.splitlines() if "upstream replica" in line]
+
+    def run(client, name: str, samples: int) -> None:
+        client.submit([task(name, samples)])
+        stream = client.results(follow=True)  # acknowledges each result: the next run's stream starts after them
+        got = [next(stream)[1] for _ in range(samples)]
+        stream.close()
+        assert [r.outcome for r in got] == ["ok"] * samples, got
+
+    try:
+        with ApiServer(tmp_path / "r.db", make=make) as server, RolloutClient(server.url) as client:
+            run(client, "before", 4)
+            before, warnings = status()
+            other.kill()
+            run(client, "after", 6)  # each node's new sessions go to the replica holding fewer: the dead one too
+            after, warnings_after = status()
+    finally:
+        other.kill()
+    assert len(before["nodes"]) == 2 and not warnings
+    for node in before["nodes"]:
+        replicas = node["fleet"]["replicas"]
+        assert [r["url"] for r in replicas] == urls and all(r["up"] for r in replicas), node
+        assert all(r["in_flight"] == 0 and r["failures"] == 0 for r in replicas)
+    assert [sum(n["fleet"]["replicas"][i]["calls"] for n in before["nodes"]) for i in (0, 1)] == [2, 2]
+    out_on = {n["node"] for n in after["nodes"] if not n["fleet"]["replicas"][1]["up"]}
+    assert out_on and all(n["fleet"]["replicas"][0]["up"] for n in after["nodes"]), after["nodes"]
+    assert sorted(warnings_after) == sorted(f"warning: node {name}: upstream replica {other.url} out since "
+                                            f"{n['fleet']['replicas'][1]['out_since']}: "
+                                            f"{n['fleet']['replicas'][1]['last_error']}"
+                                            for n in after["nodes"] if (name := n["node"]) in out_on)
+    for node in after["nodes"]:  # each node's view matches its own captures
+        (db,) = tmp_path.glob(f"captures-{node['node']}.db")
+        rows = list(CaptureReader(db).calls(with_tokens=False))
+        failed_over = [r for r in rows if r["result"] and r["result"].get("failovers")]
+        assert sum(r["calls"] for r in node["fleet"]["replicas"]) == len(rows) + len(failed_over)
+        assert bool(failed_over) == (node["node"] in out_on)
+        assert all(r["status"] == "ok" and r["replica"] == urls[0] for r in failed_over)
+    # `polar report` reads every node's database as one run: each replica's share over all the nodes.
+    from polar.cli.report import report
+
+    dbs = sorted(tmp_path.glob("captures-fleet-*.db"))
+    out = CliRunner().invoke(report, [a for db in dbs for a in ("--db", str(db))] + ["--out", str(tmp_path / "r.html")])
+    assert out.exit_code == 0 and "10 sessions" in out.output, out.output
+    html = (tmp_path / "r.html").read_text()
+    assert "Fleet replicas" in html and all(url in html for url in urls)
+    from polar.reporting import gather
+
+    rows = [r for db in dbs for r in CaptureReader(db).calls(with_tokens=False)]
+    by_url = {r.replica: r for r in gather(captures=dbs).replicas}
+    assert len(rows) == sum(r.calls for r in by_url.values()) == sum(r.ok for r in by_url.values()) == 10
+    assert by_url[other.url].calls == 2  # one session of each node before the kill
+    assert by_url[other.url].failed_over == sum(1 for r in rows if r["result"].get("failovers"))

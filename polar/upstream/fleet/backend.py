@@ -1,9 +1,10 @@
 """The fleet as one Backend: the gateway pipeline drives it as it drives a single upstream.
 
 Each call is placed by the router (routing.py) and sampled by that replica's own backend (a TokenFaithful
-or VLLMChat of its own). A replica that refuses the connection, answers 5xx, stalls or breaks off is taken
-out (replicas.py) and probed until it answers again (health.py); its sessions move on their next call, and
-stay token-faithful there, since the prompt is built from the ids polar holds, not from the replica's cache.
+or VLLMChat of its own). A replica that refuses the connection, answers 5xx, stalls (its upstream timeout, or
+the stall bound: polar/upstream/stall.py) or breaks off is taken out (replicas.py) and probed until it answers
+again (health.py); its sessions move on their next call, and stay token-faithful there, since the prompt is
+built from the ids polar holds, not from the replica's cache.
 A call the failed replica was answering is sent once more, to another replica, if nothing of the answer
 has reached the client yet (a whole answer, or a stream that yielded no text); one that had begun to
 stream ends with the provider's error, as with a single upstream. The result and the error both name the
@@ -27,10 +28,11 @@ from polar.errors import GatewayError
 from polar.sessions.state import SessionView
 from polar.tokens.shaping import TemplateTraits
 from polar.upstream.base import Backend, UpstreamStream
-from polar.upstream.fleet.health import NO_VERSION, Prober, answers, weight_version
+from polar.upstream.fleet.health import NO_VERSION, Prober, weight_version
 from polar.upstream.fleet.metrics import hit_rate, scrape
 from polar.upstream.fleet.replicas import Held, Replica, replica_failed
 from polar.upstream.fleet.routing import CallShape, Router, call_shape
+from polar.upstream.stall import answers
 
 log = logging.getLogger("polar.fleet")
 
@@ -171,9 +173,11 @@ class FleetBackend:
         return {"replicas": replicas, "routing": dict(self.router.counts), "imbalance": self.router.imbalance,
                 "policy_version": self.policy_version}
 
-    async def report(self) -> dict[str, Any]:
-        """`status` with every replica's vLLM metrics scraped now (those that do not answer keep their last)."""
-        found = await asyncio.gather(*(scrape(r.url, self.probe_timeout, self.probe_headers) for r in self.replicas))
+    async def report(self, timeout: float | None = None) -> dict[str, Any]:
+        """`status` with every replica's vLLM metrics scraped now (those that do not answer within `timeout`,
+        default the probes', keep their last)."""
+        wait = timeout or self.probe_timeout
+        found = await asyncio.gather(*(scrape(r.url, wait, self.probe_headers) for r in self.replicas))
         for replica, metrics in zip(self.replicas, found, strict=True):
             if metrics is not None:
                 replica.metrics = metrics

@@ -11,12 +11,14 @@ from polar.upstream.vllm_chat import VLLMChat
 
 def upstream_backend(urls: Sequence[str], *, model: str | None = None, api_key: str | None = None,
                      timeout: float = 600.0, chat_template: str | None = None, tokenizer: str | None = None,
-                     endpoint: str = "auto", imbalance: float = 1.5, probe_interval: float = 2.0) -> Backend:
+                     endpoint: str = "auto", imbalance: float = 1.5, probe_interval: float = 2.0,
+                     stall: float = 0.0) -> Backend:
     """A backend per URL (token-faithful when a tokenizer is given: one template, loaded once, for all); more
-    than one URL makes a fleet of them (every replica serves the same model)."""
+    than one URL makes a fleet of them (every replica serves the same model). `stall`: seconds an answer may
+    bring no byte before the replica's health probe decides whether it stalled (0: only `timeout`)."""
     if not urls:
         raise ValueError("no upstream URL given")
-    chats = [VLLMChat(url, model=model, api_key=api_key, timeout=timeout, chat_template=chat_template)
+    chats = [VLLMChat(url, model=model, api_key=api_key, timeout=timeout, chat_template=chat_template, stall=stall)
              for url in urls]
     backends: list[Backend] = list(chats)
     if tokenizer:

@@ -1,8 +1,8 @@
 """Taking a failed replica back in: while any replica is out, each is probed every `interval` seconds (GET
 /health, vLLM's liveness endpoint; a server without it, GET /v1/models) and taken back in once it answers 200
 and, once the fleet resumed under a policy version, serves that version (GET /weight_info, when the server
-has it: vLLM in dev mode). Probes have their own short timeout: a stalled replica is not waited on for a
-whole call's timeout.
+has it: vLLM in dev mode). Probes (polar/upstream/stall.py) have their own short timeout: a stalled replica is
+not waited on for a whole call's timeout.
 """
 
 from __future__ import annotations
@@ -14,34 +14,11 @@ from collections.abc import Awaitable, Callable, Sequence
 import orjson
 
 from polar.upstream.fleet.replicas import Replica
-from polar.upstream.h1 import Pool
+from polar.upstream.stall import get
 
 log = logging.getLogger("polar.fleet")
 
-PROBE_PATHS = ("/health", "/v1/models")
 NO_VERSION = "no /weight_info"  # the server does not say which weights it serves (vLLM without dev mode)
-
-
-async def get(url: str, path: str, timeout: float, headers: dict[str, str] | None = None) -> tuple[int, bytes] | None:
-    """One GET on a connection of its own: (status, body), or None when the server did not answer in time."""
-    pool = Pool(url, limit=1, connect_timeout=timeout, headers=headers or {})
-    try:
-        return await pool.fetch("GET", path, None, timeout)
-    except (TimeoutError, OSError):
-        return None
-    finally:
-        await pool.close()
-
-
-async def answers(url: str, timeout: float, headers: dict[str, str] | None = None) -> bool:
-    """Whether the server at `url` answers its health probe with 200 (a 404 on /health: tried on /v1/models)."""
-    for path in PROBE_PATHS:
-        reply = await get(url, path, timeout, headers)
-        if reply is None:
-            return False
-        if reply[0] != 404:
-            return reply[0] == 200
-    return False
 
 
 async def weight_version(url: str, timeout: float, headers: dict[str, str] | None = None) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from polar.upstream.fleet.health import get
+from polar.upstream.stall import get
 
 SCRAPED = {
     "vllm:prefix_cache_hits": "prefix_cache_hits",
