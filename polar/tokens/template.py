@@ -184,9 +184,21 @@ class ChatTemplate:
     def end_of_turn(self) -> str | None:
         """The stop token the template writes right after assistant content (None: it writes none)."""
         try:
-            return self._probe(None, 0).end_of_turn
+            return self._probe(None, 0).end_of_turn or None
         except _NoContinuation:
             return None
+
+    @property
+    def stops_on_next_role(self) -> bool:
+        """The template writes nothing after assistant content: the model stops on the next turn's role token
+        (GLM's `<|observation|>` / `<|user|>`), which a continuation does not write twice."""
+        try:
+            return self._probe(None, 0).end_of_turn == ""
+        except _NoContinuation:
+            return False
+
+    def _stop_markers(self) -> list[str]:
+        return [m for m in self.tokenizer.convert_ids_to_tokens(list(self.eos_token_ids)) if isinstance(m, str)]
 
     @property
     def end_of_turn_id(self) -> int | None:
@@ -200,13 +212,17 @@ class ChatTemplate:
         enable_thinking: bool | None = None,
         *,
         previous_ended_with_eos: bool,
+        last_id: int | None = None,
     ) -> Continuation:
         """Ids to append after a sampled assistant turn so the model sees the new messages next.
 
         `previous_ended_with_eos`: the sampled ids end with `end_of_turn_id`. When they do not
         (length limit, a stop string, another stop id such as <|endoftext|>), the turn is closed
-        first with the template's end-of-turn marker. When the template cannot render the new
-        messages on their own, the result has `failure` set and no ids.
+        first with the template's end-of-turn marker. A template that writes no end-of-turn marker
+        (GLM: the model stops on the next turn's role token, `<|observation|>` or `<|user|>`) is
+        joined by `last_id`, the last sampled id: when it is the role token the new messages start
+        with, that token is the model's own and is not written again. When the template cannot render
+        the new messages on their own, the result has `failure` set and no ids.
         """
         new = openai_messages(new_messages)
         # Tool results follow a turn that called those tools: some templates render them from it (MiniMax-M2
@@ -221,14 +237,23 @@ class ChatTemplate:
             return Continuation.failed(str(exc))
         except GatewayError as exc:
             return Continuation.failed(f"the template cannot render the new messages on their own: {exc.message}")
-        at = rendered.find(probe.tail, max(rendered.find(PROBE_USER), 0))
+        # the last one: each probe call is named by the sentinel, and the tail may end the same way after every call
+        at = rendered.rfind(probe.tail, max(rendered.find(PROBE_USER), 0))
         if at < 0:
             return Continuation.failed(
                 "the template ends an assistant turn differently when messages follow it, so the sampled "
                 "end-of-turn tokens are not what a re-render would show"
             )
         text = rendered[at + len(PROBE_SENTINEL) + len(probe.calls) + len(probe.end_of_turn) :]
-        if not previous_ended_with_eos:
+        if not probe.end_of_turn:  # the next turn's role token is the stop token
+            role = next((m for m in self._stop_markers() if text.startswith(m)), None)
+            if role is None:
+                return Continuation.failed(f"the template writes no end-of-turn token, and the new messages start with "
+                                           f"{text[:30]!r}, which is no stop token: the model could not end its turn there")
+            sampled_it = last_id is not None and last_id == self.tokenizer.convert_tokens_to_ids(role)
+            previous_ended_with_eos = sampled_it
+            text = text[len(role) :] if sampled_it else text
+        elif not previous_ended_with_eos:
             text = probe.end_of_turn + text
         return Continuation(
             ids=self.encode(text),
@@ -290,19 +315,21 @@ class ChatTemplate:
             raise _NoContinuation(f"the template cannot render a user/assistant exchange: {exc.message}") from None
         at = rendered.rfind(PROBE_SENTINEL)
         after = rendered[at + len(PROBE_SENTINEL) :] if at >= 0 else ""
-        markers = [self.tokenizer.convert_ids_to_tokens(i) for i in self.eos_token_ids]
+        markers = self._stop_markers()
         markup = ""
         if calls:  # the calls' markup comes first: the turn ends at the first stop token after it
             found = [i for m in markers if isinstance(m, str) and (i := after.find(m)) >= 0]
-            markup = after[: min(found)] if found else ""
-        end_of_turn = next((m for m in markers if isinstance(m, str) and after.startswith(m, len(markup))), None)
+            markup = after[: min(found)] if found else after
+        end_of_turn = next((m for m in markers if after.startswith(m, len(markup))), None)
+        if end_of_turn is None and at >= 0 and after == markup:
+            return _Probe("", "", PROBE_SENTINEL + after, markup)  # no end-of-turn token: the next role token stops
         if end_of_turn is None:
             raise _NoContinuation(
                 f"the template does not end an assistant turn with a stop token right after its content "
                 f"(it writes {after[:40]!r}; stop tokens: {markers})"
             )
         bridge = after[len(markup) + len(end_of_turn) :]
-        if any(m in bridge for m in markers if isinstance(m, str)):
+        if any(m in bridge for m in markers):
             raise _NoContinuation(f"the template writes more than one stop token after an assistant turn: {after!r}")
         return _Probe(end_of_turn, bridge, PROBE_SENTINEL + after, markup)
 

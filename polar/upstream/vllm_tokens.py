@@ -107,7 +107,8 @@ class TokenFaithful:
         sampled_any = len(ext.turn.ids) > ext.turn.prompt_len
         ended_with_eos = sampled_any and ext.turn.ids.last() == self.template.end_of_turn_id
         cont = self.template.continuation(
-            new, self._tools(request), request.thinking.enabled, previous_ended_with_eos=bool(ended_with_eos)
+            new, self._tools(request), request.thinking.enabled, previous_ended_with_eos=bool(ended_with_eos),
+            last_id=int(ext.turn.ids.last()) if sampled_any else None,
         )
         if cont.failure:
             return None, f"template cannot render the new messages alone: {cont.failure}"
