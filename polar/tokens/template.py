@@ -23,6 +23,7 @@ from typing import Any
 
 from polar.canonical import Message, Tool
 from polar.errors import GatewayError
+from polar.tokens import harmony_turns
 from polar.tokens.encoder import IdsEncoder, ids_encoder
 from polar.tokens.families import require_token_faithful
 from polar.tokens.messages import to_openai_messages
@@ -52,6 +53,7 @@ class Continuation:
     rendered_messages: int  # how many messages were rendered to build it (probe + new)
     rendered_chars: int  # how much text was rendered to build it
     failure: str | None = None
+    history_rule: bool = False  # the ids before it take the template's history rule first (harmony_turns.py)
 
     @classmethod
     def failed(cls, reason: str) -> Continuation:
@@ -105,7 +107,7 @@ class ChatTemplate:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         text = Path(template_path).read_text() if template_path else None
         name = Path(template_path).stem if template_path else path.name
-        template = cls(tokenizer, text, eos_token_ids=_generation_eos_ids(path), name=name)
+        template = cls(tokenizer, text, eos_token_ids=generation_eos_ids(path), name=name)
         require_token_faithful(template.template_text, f"the chat template {name!r}")  # never silent (families.py)
         return template
 
@@ -124,9 +126,12 @@ class ChatTemplate:
     ) -> str:
         """The template's text for these messages; template errors are the client's (as in vLLM)."""
         kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        rendered = openai_messages(messages)
+        if self.family == "harmony":
+            rendered = harmony_turns.template_messages(rendered)
         try:
             return self.tokenizer.apply_chat_template(
-                openai_messages(messages),
+                rendered,
                 tools=openai_tools(tools) or None,
                 chat_template=self.template_text,
                 add_generation_prompt=add_generation_prompt,
@@ -213,6 +218,7 @@ class ChatTemplate:
         *,
         previous_ended_with_eos: bool,
         last_id: int | None = None,
+        previous_calls: Sequence[str] = (),
     ) -> Continuation:
         """Ids to append after a sampled assistant turn so the model sees the new messages next.
 
@@ -222,9 +228,12 @@ class ChatTemplate:
         (GLM: the model stops on the next turn's role token, `<|observation|>` or `<|user|>`) is
         joined by `last_id`, the last sampled id: when it is the role token the new messages start
         with, that token is the model's own and is not written again. When the template cannot render
-        the new messages on their own, the result has `failure` set and no ids.
+        the new messages on their own, the result has `failure` set and no ids. `previous_calls`: the
+        names of the sampled turn's tool calls (gpt-oss's template names a tool result after them).
         """
         new = openai_messages(new_messages)
+        if self.family == "harmony":
+            return self._harmony_continuation(new, tools, enable_thinking, list(previous_calls), last_id)
         # Tool results follow a turn that called those tools: some templates render them from it (MiniMax-M2
         # refuses them without one, DeepSeek-V3.2 writes one results block for all of its calls), so the probe
         # turn makes as many calls as tool results lead the new messages.
@@ -264,6 +273,29 @@ class ChatTemplate:
             rendered_messages=len(messages),
             rendered_chars=len(rendered),
         )
+
+    def _harmony_continuation(self, new: list[dict[str, Any]], tools, enable_thinking: bool | None,
+                              calls: list[str], last_id: int | None) -> Continuation:
+        """After a call (stopped by `<|call|>`) the new messages extend the prompt as they are; after a final answer
+        (stopped by `<|return|>`) the ids before them take the template's history rule (harmony_turns.py)."""
+        probe = _probe_messages(0)
+        if calls:
+            probe[1]["tool_calls"] = [{"id": f"polarprb{i}", "type": "function", "function": {"name": n, "arguments": {}}}
+                                      for i, n in enumerate(calls, 1)]
+        try:
+            rendered = self.render([*probe, *new], tools, True, enable_thinking)
+        except GatewayError as exc:
+            return Continuation.failed(f"the template cannot render the new messages on their own: {exc.message}")
+        text = harmony_turns.new_messages_text(rendered, PROBE_SENTINEL, calls)
+        if text is None:
+            return Continuation.failed("the template does not end the sampled turn as the model did")
+        stop = harmony_turns.CALL if calls else harmony_turns.RETURN
+        ended = last_id is not None and last_id == self.tokenizer.convert_tokens_to_ids(stop)
+        if not ended:  # cut by max_tokens (or another stop): closed as the template closes a message in history
+            text = (harmony_turns.CALL if calls else harmony_turns.END) + text
+        return Continuation(ids=self.encode(text), text=text, bridge="", closed_truncated_turn=not ended,
+                            think_open=False, rendered_messages=len(probe) + len(new), rendered_chars=len(rendered),
+                            history_rule=ended and not calls)
 
     def generation_prompt(self, enable_thinking: bool | None = None) -> str:
         """The text the template appends to make the model answer (e.g. "<|im_start|>assistant\\n<think>\\n")."""
@@ -393,7 +425,7 @@ def _probe_messages(calls: int = 0) -> list[dict[str, Any]]:
     return [{"role": "user", "content": PROBE_USER}, assistant]
 
 
-def _generation_eos_ids(path: Path) -> list[int]:
+def generation_eos_ids(path: Path) -> list[int]:
     config = path / "generation_config.json"
     if not config.is_file():
         return []
