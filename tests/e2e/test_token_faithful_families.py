@@ -36,8 +36,8 @@ FAMILIES = {"llama-3.3": "llama3_json", "kimi-k2": "kimi_k2", "deepseek-v3.1": "
             "minimax-m2": "minimax_m2", "glm-4.6": "glm-4.5", "glm-4.7": "glm-4.7", "gpt-oss": "gpt-oss"}
 # What each family's sampled tool calls carry.
 CALL_SIGNS = {"llama3_json": '{"name": "', "kimi_k2": "<|tool_call_begin|>functions.",
-              "deepseek_v31": "<｜tool▁call▁begin｜>", "minimax_m2": '<invoke name="', "glm-4.5": "<tool_call>read_file\n",
-              "glm-4.7": "<tool_call>read_file<arg_key>", "gpt-oss": " to=functions."}
+              "deepseek_v31": "<｜tool▁call▁begin｜>", "minimax_m2": '<invoke name="', "glm-4.5": "</arg_value>\n</tool_call>",
+              "glm-4.7": "</arg_value></tool_call>", "gpt-oss": " to=functions."}
 # CI's representative subset: per family, two APIs (each API on two families), one thinking setting each.
 SUBSET = {("llama-3.3", "openai_chat", False), ("llama-3.3", "anthropic", False),
           ("kimi-k2", "openai_responses", False), ("kimi-k2", "gemini", False),

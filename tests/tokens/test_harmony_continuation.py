@@ -1,5 +1,6 @@
-"""Token-faithful continuation on gpt-oss's real harmony template (stand-in vocabulary: Qwen3.5's plus harmony's
-special tokens; the template is the real one).
+"""Token-faithful continuation on gpt-oss's real harmony template, over gpt-oss's real vocabulary (o200k_harmony, from
+the `openai-harmony` package: tests/support/harmony_vocab.py) and over a stand-in (Qwen3.5's plus harmony's special
+tokens), which the e2e sessions use.
 
 Within a tool loop the next prompt is the previous prompt + the exact sampled ids (ending `<|call|>`) + the tool
 results as the template writes them, named after the sampled call; it equals a full render of the same history.
@@ -16,12 +17,19 @@ import pytest
 from polar.tokens.harmony_turns import apply_history_rule
 from polar.tokens.template import ChatTemplate
 from tests.conftest import family_template
+from tests.support.harmony_vocab import harmony_vocab_dir
 from tests.support.stand_in import END_TOKENS, stand_in_tokenizer
 from tests.tokens.test_template import SHAPES, TOOLS, shape
 
 
-@pytest.fixture(scope="module")
-def harmony(tokenizer_dir):
+@pytest.fixture(scope="module", params=["o200k_harmony", "stand-in"])
+def harmony(request, tokenizer_dir):
+    if request.param == "o200k_harmony":
+        ct = ChatTemplate.from_dir(harmony_vocab_dir(), family_template("gpt-oss"))
+        assert ct.encode("<|start|>assistant<|channel|>final<|message|>hi<|return|>") == [
+            200006, 173781, 200005, 17196, 200008, 3686, 200002]  # gpt-oss's own ids
+        assert sorted(ct.eos_token_ids) == [199999, 200002, 200012]
+        return ct
     tok = stand_in_tokenizer(tokenizer_dir, "harmony")
     ends = [tok.convert_tokens_to_ids(t) for t in END_TOKENS["harmony"]]
     return ChatTemplate(tok, family_template("gpt-oss").read_text(), eos_token_ids=ends, name="gpt-oss")
