@@ -25,7 +25,16 @@ import pytest
 from polar.doubles.family_writers import WRITERS
 from polar.tokens.harmony_turns import HISTORY_RULE, apply_history_rule
 from tests.conftest import STACK_OPTIONS, Stack, family_template
-from tests.e2e.sessions import DRIVERS, TURNS, script_steps
+from tests.e2e.sessions import (
+    DEVELOPER_FIRST,
+    DEVELOPER_LATER,
+    DRIVERS,
+    INSTRUCTIONS,
+    TURNS,
+    drive_chat,
+    drive_responses,
+    script_steps,
+)
 from tests.support.scheduling import matrix_subset
 from tests.support.stand_in import stand_in_dir
 
@@ -125,3 +134,26 @@ def test_family_session_is_token_faithful(family, provider, thinking):
     reasons = WRITERS[writer].think_open or WRITERS[writer].think_own[0] or WRITERS[writer].think_message[0]
     if thinking and reasons:  # the reasoning the script gave reached the client's next prompt
         assert "I should look at the code first." in decode(rows[1]["prompt_ids"])
+
+
+@pytest.mark.parametrize("family", ["gpt-oss"], indirect=True)
+@pytest.mark.parametrize("provider", ["openai_chat", "openai_responses"])
+def test_gpt_oss_takes_system_and_developer_messages_as_harmony_does(family, provider):
+    """Codex's `instructions` and developer items (and a system prompt) become harmony's developer message, under
+    `# Instructions`; a developer item mid-session, which the template would drop silently, reaches the model as a
+    user turn in <system> tags (shaping.py); the session stays token-faithful."""
+    stack, label = family, family.template
+    session = f"tf-dev-{provider}-{uuid.uuid4().hex[:6]}"
+    stack.script(rules=[{"match": "[session:tf]", "steps": family_steps(label, True)}])
+    drive = {"openai_chat": drive_chat, "openai_responses": drive_responses}[provider]
+    drive(stack.url, session, True, 5, codex_like=True)
+    rows = stack.rows(session)
+    decode = stack.double.tokenizer.decode
+    first = decode(rows[0]["prompt_ids"])
+    assert ("<|start|>developer<|message|># Instructions\n\n" + "\n\n".join([INSTRUCTIONS, *DEVELOPER_FIRST])) in first
+    later = decode(rows[-1]["prompt_ids"])
+    assert f"<|start|>user<|message|><system>\n{DEVELOPER_LATER}\n</system><|end|>" in later
+    for prev, row in pairwise(rows):
+        assert row["prompt_mode"].startswith("token-faithful"), row["prompt_mode"]
+        assert row["prompt_ids"][: len(prev["prompt_ids"]) + len(prev["completion_ids"])] == (
+            prev["prompt_ids"] + prev["completion_ids"])
