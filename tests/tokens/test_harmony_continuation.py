@@ -96,3 +96,43 @@ def test_history_rule_keeps_every_other_id(harmony):
                               "<|start|>functions.bash to=assistant<|channel|>commentary<|message|>\"ok\"<|end|>"
                               "<|start|>assistant<|channel|>final<|message|>done<|end|>")
     assert apply_history_rule(np.array(ids[:-1]), ct.tokenizer) is None  # not a final answer: no rule
+
+
+# openai-harmony's own renderer (vLLM's for gpt-oss), in the vLLM venv: a tool loop's prompt, and the prompt of the
+# same conversation once a final answer and a user message follow it.
+_HARMONY_RENDER = """
+import json
+from openai_harmony import *
+enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+A = Role.ASSISTANT
+loop = [Message.from_role_and_content(Role.USER, "go"),
+        Message.from_role_and_content(A, "think 1").with_channel("analysis"),
+        Message.from_role_and_content(A, "{}").with_channel("commentary").with_recipient("functions.bash")
+            .with_content_type("json"),
+        Message.from_author_and_content(Author.new(Role.TOOL, "functions.bash"), '"ok"').with_recipient("assistant")
+            .with_channel("commentary")]
+after = [Message.from_role_and_content(A, "think 2").with_channel("analysis"),
+         Message.from_role_and_content(A, "done").with_channel("final"), Message.from_role_and_content(Role.USER, "next")]
+render = lambda msgs: enc.render_conversation_for_completion(Conversation.from_messages(msgs), A)
+print(json.dumps([render(loop), render(loop + after)]))
+"""
+
+
+def test_history_rule_is_openai_harmonys():
+    """Sampled in harmony's own header form (as gpt-oss writes it), the rule on the ids gives exactly what
+    openai-harmony renders for that history: the analysis dropped once a final answer exists, the final kept with
+    `<|end|>`, the call with `<|call|>`."""
+    import json
+    import subprocess
+
+    from tests.support.real_vllm import require_vllm_venv
+
+    vocab = harmony_vocab_dir()
+    ct = ChatTemplate.from_dir(vocab, family_template("gpt-oss"))
+    run = subprocess.run([str(require_vllm_venv()), "-c", _HARMONY_RENDER], capture_output=True, text=True, check=True)
+    loop_prompt, full = json.loads(run.stdout.strip().splitlines()[-1])
+    sampled = ct.encode("<|channel|>analysis<|message|>think 2<|end|><|start|>assistant<|channel|>final<|message|>"
+                        "done<|return|>")
+    earlier = apply_history_rule(np.array(loop_prompt + sampled), ct.tokenizer)
+    assert [*earlier.tolist(), *ct.encode("<|start|>user<|message|>next<|end|><|start|>assistant")] == full
+    assert "think" in ct.decode(loop_prompt) and "think" not in ct.decode(full)
