@@ -66,32 +66,27 @@ def _kimi_k2(step: Step) -> str:
     return f"{step.content}<|tool_calls_section_begin|>{calls}<|tool_calls_section_end|>"
 
 
+def _arg_texts(call: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each argument as the markup templates write it: a string as is, any other value as JSON."""
+    args = call.get("arguments") or {}
+    args = json.loads(args) if isinstance(args, str) and args.strip() else args or {}
+    return [(k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) for k, v in args.items()]
+
+
 def _minimax_m2(step: Step) -> str:
     if not step.tool_calls:
         return step.content
     out = step.content + "\n<minimax:tool_call>\n"
     for call in step.tool_calls:
-        args = call.get("arguments") or {}
-        args = json.loads(args) if isinstance(args, str) and args.strip() else args or {}
-        out += f'<invoke name="{call["name"]}">\n'
-        for key, value in args.items():
-            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-            out += f'<parameter name="{key}">{text}</parameter>\n'
-        out += "</invoke>\n"
+        params = "".join(f'<parameter name="{key}">{text}</parameter>\n' for key, text in _arg_texts(call))
+        out += f'<invoke name="{call["name"]}">\n{params}</invoke>\n'
     return out + "</minimax:tool_call>"
 
 
 def _glm_calls(step: Step, glue: str) -> str:
-    out = ""
-    for call in step.tool_calls:
-        args = call.get("arguments") or {}
-        args = json.loads(args) if isinstance(args, str) and args.strip() else args or {}
-        out += f"{glue}<tool_call>{call['name']}{glue}"
-        for key, value in args.items():
-            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-            out += f"<arg_key>{key}</arg_key>{glue}<arg_value>{text}</arg_value>{glue}"
-        out += "</tool_call>"
-    return out
+    return "".join(f"{glue}<tool_call>{call['name']}{glue}" + "".join(
+        f"<arg_key>{key}</arg_key>{glue}<arg_value>{text}</arg_value>{glue}" for key, text in _arg_texts(call))
+        + "</tool_call>" for call in step.tool_calls)
 
 
 def _glm46(step: Step) -> str:
