@@ -40,12 +40,35 @@ class Cut:
 
 def periodic_tail(text: str, repeats: int, min_span: int) -> str | None:
     """The span the end of `text` repeats `repeats` times in a row (the shortest such span of at least
-    `min_span` characters), or None."""
-    for span in range(min_span, len(text) // repeats + 1):
-        unit = text[-span:]
-        if text[-2 * span:-span] == unit and text.endswith(unit * repeats):
-            return unit
+    `min_span` characters), or None.
+
+    The end of `text` repeats a span of length p `repeats` times exactly when the reversed text's
+    prefix of length p * repeats has period p, i.e. its Z-value at p reaches (repeats - 1) * p: one
+    linear pass instead of comparing every candidate span (answers of minutes of reasoning are long)."""
+    n = len(text)
+    if repeats < 1 or min_span * repeats > n:
+        return None
+    z = _z_values(text[::-1])
+    for span in range(max(min_span, 1), n // repeats + 1):
+        if z[span] >= (repeats - 1) * span:
+            return text[-span:]
     return None
+
+
+def _z_values(s: str) -> list[int]:
+    """z[i]: the length of the longest common prefix of `s` and `s[i:]` (z[0] = len(s))."""
+    n = len(s)
+    z = [0] * (n + 1)
+    z[0] = n
+    left = right = 0
+    for i in range(1, n):
+        k = min(right - i, z[i - left]) if i < right else 0
+        while i + k < n and s[k] == s[i + k]:
+            k += 1
+        z[i] = k
+        if i + k > right:
+            left, right = i, i + k
+    return z
 
 
 class Watcher:

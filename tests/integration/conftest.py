@@ -15,7 +15,6 @@ from tests.support.real_vllm import (
     REAL_TEMPLATES,
     OneServer,
     ensure_tiny_model,
-    off_the_subset,
     real_template,
 )
 
@@ -107,10 +106,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Group integration tests by the template their vLLM serves, real templates first: one server runs at a
     time (a new template stops the last one), so each template pays one cold start and the shared server,
     once started, keeps running to the end. Other items keep their places."""
-    dropped = [item for item in items if off_the_subset(item)]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if item not in dropped]
     order = {name: n for n, name in enumerate(REAL_TEMPLATES)}
     slots = [n for n, item in enumerate(items) if HERE in Path(str(item.path)).parents]
     ordered = sorted((items[n] for n in slots), key=lambda item: order.get(_template(item), len(order)))

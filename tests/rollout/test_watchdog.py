@@ -20,7 +20,6 @@ from polar.rollout.node import GatewayNode, NodeConfig
 from polar.rollout.service import LocalNode, RolloutService
 from polar.rollout.state import RolloutState
 from polar.rollout.tasks import Named, TaskSpec, WatchdogOptions, load_tasks
-from polar.rollout.watchdog import periodic_tail
 from tests.rollout.conftest import TASKS, ApiServer, run_sessions
 from tests.rollout.test_docker import docker_env  # noqa: F401  (the fixture)
 
@@ -28,14 +27,6 @@ READ_FOREVER = {"name": "read_file", "arguments": {"path": "calc.py"}}
 # A harness that cannot end by itself first (the python agent's own limit is 20 steps): only the cut ends it.
 ENDLESS = Named(name="python-agent", options={"max_steps": 100_000})
 FIX = {"name": "edit_file", "arguments": {"path": "calc.py", "old": "(len(values) + 1)", "new": "len(values)"}}
-
-
-def test_periodic_tail():
-    span = "I will check the file again. "
-    assert periodic_tail("Let me think. " + span * 4, 3, 16) == span
-    assert periodic_tail("Let me think. " + span * 2, 3, 16) is None  # twice is not three times
-    assert periodic_tail("- a\n- a\n- a\n- a\n", 3, 16) is None  # short repeats (lists) are no loop
-    assert periodic_tail("", 3, 16) is None
 
 
 def test_a_looping_session_is_cut_flagged_and_exported_the_others_unaffected(stack, node_env, tmp_path):

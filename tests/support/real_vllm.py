@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.scheduling import matrix_subset
+
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VERSION = "0.32.0"
 SERVED_MODEL = "polar-tiny"
@@ -54,24 +56,10 @@ FULL_MATRIX_TEMPLATE = "qwen3.5-4b"  # the model the Polar paper trains
 
 def template_subset(keep):
     """Mark a test whose full parameter matrix runs on FULL_MATRIX_TEMPLATE only: on the other templates
-    (each costs a cold start, ~80 s) CI collects just the cases `keep(params)` accepts — the rest are not
-    collected, never skipped. POLAR_FULL_TEMPLATE_MATRIX=1 collects every case."""
-
-    def mark(test):
-        test.template_subset = keep
-        return test
-
-    return mark
-
-
-def off_the_subset(item: pytest.Item) -> bool:
-    """A collected case outside its test's template subset (see template_subset)."""
-    keep = getattr(getattr(item, "function", None), "template_subset", None)
-    params = item.callspec.params if hasattr(item, "callspec") else {}
-    template = params.get("template_vllm", FULL_MATRIX_TEMPLATE)
-    if keep is None or template == FULL_MATRIX_TEMPLATE or os.environ.get("POLAR_FULL_TEMPLATE_MATRIX"):
-        return False
-    return not keep(params)
+    (each costs a vLLM cold start) CI collects just the cases `keep(params)` accepts — the rest are
+    deselected, never skipped. A `matrix_subset` (POLAR_FULL_MATRIX=1 collects every case)."""
+    return matrix_subset(lambda params: params.get("template_vllm", FULL_MATRIX_TEMPLATE) == FULL_MATRIX_TEMPLATE
+                         or keep(params))
 
 
 def polar_cache() -> Path:

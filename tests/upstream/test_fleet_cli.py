@@ -9,6 +9,7 @@ from polar.cli import main
 
 
 def test_polar_proxy_joins_repeated_upstreams_and_a_file_into_one_option(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default --db is captures.db in the working directory
     started = []
 
     async def serve(config, *args, **kwargs):
