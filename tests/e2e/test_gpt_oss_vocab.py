@@ -20,7 +20,8 @@ from tests.e2e.sessions import TURNS, drive_responses
 from tests.e2e.test_token_faithful_families import family_steps
 from tests.support.harmony_vocab import harmony_vocab_dir
 
-pytestmark = pytest.mark.slow  # a double and a gateway process of its own
+# a double and a gateway process of its own; the vocabulary is built in the vLLM venv (once, into the cache)
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,8 @@ from tests.support.stand_in import END_TOKENS, stand_in_tokenizer
 from tests.tokens.test_template import SHAPES, TOOLS, shape
 
 
-@pytest.fixture(scope="module", params=["o200k_harmony", "stand-in"])
+# o200k_harmony is built from openai-harmony in the vLLM venv (once, into the cache): marked as needing it.
+@pytest.fixture(scope="module", params=[pytest.param("o200k_harmony", marks=pytest.mark.vllm), "stand-in"])
 def harmony(request, tokenizer_dir):
     if request.param == "o200k_harmony":
         ct = ChatTemplate.from_dir(harmony_vocab_dir(), family_template("gpt-oss"))
@@ -118,6 +119,7 @@ print(json.dumps([render(loop), render(loop + after)]))
 """
 
 
+@pytest.mark.vllm
 def test_history_rule_is_openai_harmonys():
     """Sampled in harmony's own header form (as gpt-oss writes it), the rule on the ids gives exactly what
     openai-harmony renders for that history: the analysis dropped once a final answer exists, the final kept with
