@@ -73,9 +73,10 @@ def _continuation_problem(tokenizer_dir: str, text: str, label: str) -> str | No
     """Why the template cannot continue a sampled turn with this tokenizer (None: a tool result continues)."""
     from transformers import AutoTokenizer
 
-    from polar.tokens.template import ChatTemplate
+    from polar.tokens.template import ChatTemplate, generation_eos_ids
 
-    template = ChatTemplate(AutoTokenizer.from_pretrained(tokenizer_dir), text, name=label)
+    template = ChatTemplate(AutoTokenizer.from_pretrained(tokenizer_dir), text, name=label,
+                            eos_token_ids=generation_eos_ids(Path(tokenizer_dir)))  # GLM's role stop tokens
     tool = {"role": "tool", "tool_call_id": "check-1", "content": "polar check: a tool result"}
-    cont = template.continuation([tool], None, None, previous_ended_with_eos=True)
+    cont = template.continuation([tool], None, None, previous_ended_with_eos=True, previous_calls=["check"])
     return f"{label} cannot continue a sampled turn: {cont.failure}" if cont.failure else None

@@ -12,6 +12,16 @@ a template measures polar, not the double:
   `<|tool_call_argument_begin|>{json}<|tool_call_end|>` per call (I: its index in the turn).
 - MiniMax-M2 (`minimax_m2`): after an open `<think>\\n` the reasoning, `\\n</think>\\n\\n`; text; then
   `\\n<minimax:tool_call>\\n<invoke name="N">\\n<parameter name="K">V</parameter>\\n…</invoke>\\n</minimax:tool_call>`.
+- GLM-4.6 (`glm-4.5`): after a bare `<|assistant|>` the model writes `\\n<think>R</think>` itself (`\\n<think></think>`
+  with no reasoning; nothing when thinking is off: the prompt closed it), then `\\n` + text, then per call
+  `\\n<tool_call>N\\n` + `<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n` per argument + `</tool_call>`. GLM-4.7
+  (`glm-4.7`): after an open `<think>`, `R</think>`; text and calls with no newlines. There is no end-of-turn token:
+  the model stops on the next turn's role token, `<|observation|>` after calls, `<|user|>` after an answer.
+- gpt-oss (`harmony`): after the generation prompt's `<|start|>assistant`, messages: `<|channel|>analysis<|message|>R
+  <|end|>`, a preamble `<|channel|>commentary<|message|>TEXT<|end|>` beside a call, then the call as the template
+  writes it, ` to=functions.N<|channel|>commentary json<|message|>{json}`, stopped by `<|call|>`; or the answer
+  `<|channel|>final<|message|>TEXT`, stopped by `<|return|>`. Each later message opens with `<|start|>assistant`. A
+  turn holds one call: the model stops at its `<|call|>`, so parallel calls are consecutive turns.
 
 The double's chat endpoint reads these answers back with polar's own family parser (polar/tokens/formats/), standing
 in for vLLM's (tests/tokens/test_vllm_parser_agreement.py holds the two to the same answers).
@@ -56,19 +66,44 @@ def _kimi_k2(step: Step) -> str:
     return f"{step.content}<|tool_calls_section_begin|>{calls}<|tool_calls_section_end|>"
 
 
+def _arg_texts(call: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each argument as the markup templates write it: a string as is, any other value as JSON."""
+    args = call.get("arguments") or {}
+    args = json.loads(args) if isinstance(args, str) and args.strip() else args or {}
+    return [(k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) for k, v in args.items()]
+
+
 def _minimax_m2(step: Step) -> str:
     if not step.tool_calls:
         return step.content
     out = step.content + "\n<minimax:tool_call>\n"
     for call in step.tool_calls:
-        args = call.get("arguments") or {}
-        args = json.loads(args) if isinstance(args, str) and args.strip() else args or {}
-        out += f'<invoke name="{call["name"]}">\n'
-        for key, value in args.items():
-            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-            out += f'<parameter name="{key}">{text}</parameter>\n'
-        out += "</invoke>\n"
+        params = "".join(f'<parameter name="{key}">{text}</parameter>\n' for key, text in _arg_texts(call))
+        out += f'<invoke name="{call["name"]}">\n{params}</invoke>\n'
     return out + "</minimax:tool_call>"
+
+
+def _glm_calls(step: Step, glue: str) -> str:
+    return "".join(f"{glue}<tool_call>{call['name']}{glue}" + "".join(
+        f"<arg_key>{key}</arg_key>{glue}<arg_value>{text}</arg_value>{glue}" for key, text in _arg_texts(call))
+        + "</tool_call>" for call in step.tool_calls)
+
+
+def _glm46(step: Step) -> str:
+    return (f"\n{step.content.strip()}" if step.content.strip() else "") + _glm_calls(step, "\n")
+
+
+def _glm47(step: Step) -> str:
+    return step.content.strip() + _glm_calls(step, "")
+
+
+def _harmony(step: Step) -> str:
+    """Messages after an analysis one (ModelFormat writes it); `<|start|>assistant` opens all but the turn's first."""
+    if not step.tool_calls:
+        return "<|channel|>final<|message|>" + step.content
+    call = step.tool_calls[0]  # the model stops at the first call's <|call|>
+    preamble = f"<|channel|>commentary<|message|>{step.content}<|end|><|start|>assistant" if step.content else ""
+    return f"{preamble} to=functions.{call['name']}<|channel|>commentary json<|message|>{_json(call.get('arguments'))}"
 
 
 @dataclass(frozen=True)
@@ -78,15 +113,39 @@ class Writer:
     turn_open: str  # what opens each assistant turn in a prompt ("" : `turn_close` counts the turns)
     think_open: str = ""  # a prompt ending so opened the reasoning block ("": the family writes none)
     think_close: str = ""  # what the model writes after its reasoning
-    turn_close: str = ""  # counted when the template writes no `turn_open` after a tool result
+    turn_close: tuple[str, ...] = ()  # counted when the template writes no `turn_open` after a tool result
+    parser: str = ""  # polar's parser for the family, when the writer's name is not it (GLM-4.6 and 4.7 share one)
+    call_end: str = ""  # the stop token after a turn that calls tools ("": `end_of_turn`)
+    think_own: tuple[str, str] = ("", "")  # what the model writes around its reasoning after a prompt that opens none
+    think_off: str = ""  # a prompt ending so switched reasoning off (the model writes none)
+    think_message: tuple[str, str] = ("", "")  # reasoning as a message of its own (harmony), and what opens the next
+
+    def stop(self, step: Step) -> str:
+        return self.call_end if step.tool_calls and self.call_end else self.end_of_turn
+
+    def reasoning(self, step: Step, prompt_text: str) -> str:
+        """The reasoning the model writes itself (not after a prompt that opened it)."""
+        text = (step.reasoning or "").strip("\n")
+        if self.think_message[0]:
+            return f"{self.think_message[0]}{text}{self.think_message[1]}" if text else ""
+        if self.think_own[0] and not prompt_text.endswith(self.think_off):
+            return f"{self.think_own[0]}{text}{self.think_own[1]}"
+        return ""
 
 
 WRITERS: dict[str, Writer] = {
     "llama3_json": Writer(_llama, "<|eot_id|>", "<|start_header_id|>assistant<|end_header_id|>"),
     "deepseek_v31": Writer(_deepseek_v31, "<｜end▁of▁sentence｜>", "", "<think>", "</think>",
-                           turn_close="<｜end▁of▁sentence｜>"),
+                           turn_close=("<｜end▁of▁sentence｜>",)),
     "kimi_k2": Writer(_kimi_k2, "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>"),
     "minimax_m2": Writer(_minimax_m2, "[e~[", "]~b]ai\n", "<think>\n", "\n</think>\n\n"),
+    "glm-4.5": Writer(_glm46, "<|user|>", "<|assistant|>", parser="glm45", call_end="<|observation|>",
+                      think_own=("\n<think>", "</think>"), think_off="<think></think>"),
+    "glm-4.7": Writer(_glm47, "<|user|>", "<|assistant|>", "<think>", "</think>", parser="glm45",
+                      call_end="<|observation|>"),
+    "gpt-oss": Writer(_harmony, "<|return|>", "", parser="harmony", call_end="<|call|>",
+                      turn_close=("<|call|>", "<|channel|>final<|message|>"),
+                      think_message=("<|channel|>analysis<|message|>", "<|end|><|start|>assistant")),
 }
 
 
@@ -94,4 +153,4 @@ def turns_sampled(writer: Writer, prompt_text: str) -> int:
     """How many assistant turns the prompt already holds (the script's step index)."""
     if writer.turn_open:
         return max(prompt_text.count(writer.turn_open) - 1, 0)
-    return prompt_text.count(writer.turn_close)
+    return sum(prompt_text.count(close) for close in writer.turn_close)

@@ -47,10 +47,12 @@ class ModelFormat:
         """The format of the template's model family; ValueError for a family the double cannot write (it would
         answer in another family's syntax, which the template's own parser would not read)."""
         family = family_for_template(template_text)
-        if family == "plain" and detect(template_text) is None:
+        known = detect(template_text)
+        if known is not None and known.name in WRITERS:  # a writer per template, where a family's templates differ
+            family = known.name
+        if family == "plain" and known is None:
             family = "qwen3"  # a template with no tool syntax at all (the tests' toys): Qwen's JSON, as before
         if family not in WRITES:
-            known = detect(template_text)
             raise ValueError(f"the scripted double writes {', '.join(WRITES)} answers only; this template is "
                              f"{known.name if known else family} (polar/doubles/model_format.py)")
         return cls(family, "<think>" in template_text)
@@ -62,8 +64,17 @@ class ModelFormat:
 
     @property
     def end_of_turn(self) -> str:
-        """The stop token the model samples after its turn."""
+        """The stop token the model samples after its turn (an answer's, where a family stops calls otherwise)."""
         return WRITERS[self.family].end_of_turn if self.family in WRITERS else "<|im_end|>"
+
+    def stop_token(self, step: Step) -> str:
+        """The stop token the model samples after this step's turn."""
+        return WRITERS[self.family].stop(step) if self.family in WRITERS else "<|im_end|>"
+
+    @property
+    def stop_tokens(self) -> tuple[str, ...]:
+        writer = WRITERS.get(self.family)
+        return (writer.end_of_turn, *([writer.call_end] if writer.call_end else [])) if writer else ("<|im_end|>",)
 
     def turn(self, prompt_text: str) -> int:
         """How many assistant turns the prompt already holds (which step of the script answers)."""
@@ -86,8 +97,9 @@ class ModelFormat:
         mode = self.reasoning_mode(prompt_text)
         if self.family in WRITERS:
             writer = WRITERS[self.family]
-            reasoning = (step.reasoning or "").strip("\n") + writer.think_close if mode == "open" else ""
-            return reasoning + writer.body(step)
+            if mode == "open":
+                return (step.reasoning or "").strip("\n") + writer.think_close + writer.body(step)
+            return writer.reasoning(step, prompt_text) + writer.body(step)
         out = ""
         if mode != "none":
             out += ("<think>\n" if mode == "own" else "") + (step.reasoning or "").strip("\n") + "\n</think>\n\n"
@@ -100,7 +112,7 @@ class ModelFormat:
         """Split sampled text as vLLM's reasoning parser and this family's tool parser would (outside Qwen, polar's
         own parser stands in for vLLM's: reasoning and content come without the template's glue)."""
         if self.family in WRITERS:
-            turn = parse_turn(text, self.family, think_open=self.reasoning_mode(prompt_text) == "open",
+            turn = parse_turn(text, WRITERS[self.family].parser or self.family, think_open=self.reasoning_mode(prompt_text) == "open",
                               finish_reason="stop", tools=tools)
             calls = [{"name": c.name, "arguments": c.arguments} for c in turn.tool_calls]
             return turn.reasoning, turn.content, calls

@@ -110,11 +110,13 @@ class ScriptedVLLM:
         if not isinstance(text, str) or not text.strip():
             raise ValueError("no chat template: the tokenizer has none and none was given")
         fmt = ModelFormat.for_template(text)
-        eos_id = self.tokenizer.convert_tokens_to_ids(fmt.end_of_turn)
-        if not isinstance(eos_id, int) or self.tokenizer.convert_ids_to_tokens(eos_id) != fmt.end_of_turn:
-            raise ValueError(f"the tokenizer has no {fmt.end_of_turn!r} token, which ends a {fmt.family} turn (a "
-                             f"stand-in vocabulary carrying the family's special tokens: tests/support/stand_in.py)")
-        self.template_text, self.format, self.eos_id = text, fmt, eos_id
+        for stop in fmt.stop_tokens:
+            eos_id = self.tokenizer.convert_tokens_to_ids(stop)
+            if not isinstance(eos_id, int) or self.tokenizer.convert_ids_to_tokens(eos_id) != stop:
+                raise ValueError(f"the tokenizer has no {stop!r} token, which ends a {fmt.family} turn (a stand-in "
+                                 f"vocabulary carrying the family's special tokens: tests/support/stand_in.py)")
+        self.template_text, self.format = text, fmt
+        self.eos_id = self.tokenizer.convert_tokens_to_ids(fmt.end_of_turn)
 
     # -- admin -------------------------------------------------------------------------------
 
@@ -431,7 +433,9 @@ class ScriptedVLLM:
 
     def _sample(self, prompt_text: str, limit: int, stop: Any) -> tuple[str, list[int], str, str | None]:
         """The scripted answer as sampled text + ids, cut by stop strings and max_tokens like vLLM."""
-        text = self.format.completion(self.script.step_for(prompt_text, self.format.turn(prompt_text)), prompt_text)
+        step = self.script.step_for(prompt_text, self.format.turn(prompt_text))
+        text = self.format.completion(step, prompt_text)
+        stop_id = self.tokenizer.convert_tokens_to_ids(self.format.stop_token(step))
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         hits = [(text.find(s), s) for s in stops if s and s in text]
         if hits:
@@ -439,7 +443,7 @@ class ScriptedVLLM:
             text = text[:cut]
             ids, finish, stop_reason = self.tokenizer.encode(text, add_special_tokens=False), "stop", stop_string
         else:
-            ids, finish, stop_reason = self.tokenizer.encode(text, add_special_tokens=False) + [self.eos_id], "stop", None
+            ids, finish, stop_reason = self.tokenizer.encode(text, add_special_tokens=False) + [stop_id], "stop", None
         if len(ids) > limit:
             ids, finish, stop_reason = ids[:limit], "length", None
             text = self.tokenizer.decode(ids, skip_special_tokens=False)

@@ -35,11 +35,7 @@ class Family:
 
 FAMILIES: tuple[Family, ...] = (
     Family("gpt-oss", "harmony", "gpt-oss (harmony)", "openai", "openai_gptoss", ("<|channel|>", "<|call|>", "<|start|>"),
-           "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>",
-           no_continuation="its template writes a tool result as from the calling turn's function "
-           "(`<|start|>functions.NAME to=assistant`), so new messages cannot be rendered on their own, and it rewrites "
-           "sampled turns in history (a final answer's `<|return|>` becomes `<|end|>`, the analysis before it is "
-           "dropped once a later turn follows)"),
+           "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>"),
     Family("deepseek-v3.2", "deepseek_dsml", "DeepSeek-V3.2", "deepseek_v32", "deepseek_v3", ("'｜DSML｜'", "function_calls"),
            "<｜DSML｜function_calls><｜DSML｜invoke name=NAME><｜DSML｜parameter name=K string=…>V…"),
     Family("deepseek-v4", "deepseek_v4", "DeepSeek-V4", "deepseek_v4", "deepseek_v4", ("'｜DSML｜'", "tool_calls"),

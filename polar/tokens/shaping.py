@@ -31,6 +31,11 @@ itself (never by its name), once per template text:
   token-faithful prefix.
 - Images on a template that renders none (or raises on them) are a 400 `invalid_request`: polar
   will not drop what the client sent. Images in a system message are refused everywhere.
+- Tool-call ids, where the template takes only 9 alphanumerics (Mistral-Small-3.2: "Tool call IDs
+  should be alphanumeric strings with length 9!"): an id already so is kept (the model writes its own
+  as `[CALL_ID]…`, and polar hands that one to the harness, so it comes back as the model wrote it); any
+  other becomes 9 alphanumerics from its hash, in the calling turn and its result alike. The harness
+  never sees the mapped id: its own comes back to it, and maps the same way on every later call.
 
 Every rewrite depends only on the message itself and whether a non-system message came before it,
 so shaping a longer conversation extends the shaped shorter one: token faithfulness is unaffected.
@@ -39,6 +44,8 @@ so shaping a longer conversation extends the shaped shorter one: token faithfuln
 from __future__ import annotations
 
 import functools
+import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +66,7 @@ class TemplateTraits:
     developer_role: bool  # a "developer" message is rendered (polar sends none: canonical has none)
     images: bool  # an image part is rendered (something written for it, the text beside it kept)
     tool_role: bool  # a tool message is rendered
+    nine_char_call_ids: bool = False  # tool-call ids must be 9 alphanumerics (other ids raise)
     late_system_error: str | None = None  # what the template says when it refuses a late system message
     label: str = "the chat template"  # names the template in rewrite notes
 
@@ -103,10 +111,35 @@ def shape(request: ChatRequest, traits: TemplateTraits) -> tuple[ChatRequest, li
             raise GatewayError("invalid_request", f"messages[{at}] is a tool result, but {traits.label} has no tool role",
                                param=f"messages[{at}]")
         else:
-            messages.append(msg)
+            messages.append(_nine_char_ids(msg, notes, traits) if traits.nine_char_call_ids else msg)
     if not notes:
         return request, notes
     return request.model_copy(update={"messages": messages}), notes
+
+
+_NINE = re.compile(r"[A-Za-z0-9]{9}")
+_ALNUM = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def nine_char_id(call_id: str) -> str:
+    """The id as 9 alphanumerics: itself when it is, else from its hash (the same on every call)."""
+    if _NINE.fullmatch(call_id):
+        return call_id
+    n = int.from_bytes(hashlib.sha256(call_id.encode()).digest()[:8], "big")
+    return "".join(_ALNUM[(n // 62**i) % 62] for i in range(9))
+
+
+def _nine_char_ids(msg: Message, notes: list[str], traits: TemplateTraits) -> Message:
+    ids = [c.id for c in msg.tool_calls or []] + ([msg.tool_call_id] if msg.role == "tool" and msg.tool_call_id else [])
+    mapped = {i: nine_char_id(i) for i in ids if nine_char_id(i) != i}
+    if not mapped:
+        return msg
+    notes.append(f"tool-call ids {', '.join(f'{a} → {b}' for a, b in mapped.items())}: {traits.label} takes only "
+                 f"9 alphanumerics")
+    if msg.role == "tool":
+        return msg.model_copy(update={"tool_call_id": mapped[msg.tool_call_id]})
+    calls = [c.model_copy(update={"id": mapped.get(c.id, c.id)}) for c in msg.tool_calls]
+    return msg.model_copy(update={"tool_calls": calls})
 
 
 def _check_images(messages: list[Message], traits: TemplateTraits) -> None:
@@ -132,9 +165,14 @@ def _probe(text: str) -> dict[str, Any]:
     image = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,"}}, {"type": "text", "text": _S + "pic"}]
     with_image, _ = _render(text, [{"role": "user", "content": image}])
     text_only, _ = _render(text, [{"role": "user", "content": [image[1]]}])
-    call = {"type": "function", "function": {"name": "probe", "arguments": {}}, "id": "probe-1"}
-    tool_turn = [user, {"role": "assistant", "content": "", "tool_calls": [call]},
-                 {"role": "tool", "tool_call_id": "probe-1", "content": _S + "tool"}]
+
+    def tool_turn(call_id: str) -> list[dict]:
+        call = {"type": "function", "function": {"name": "probe", "arguments": {}}, "id": call_id}
+        return [user, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": call_id, "content": _S + "tool"}]
+
+    any_id = _renders(text, tool_turn("probe-1"), "tool")[0]
+    nine = not any_id and _renders(text, tool_turn("probe0001"), "tool")[0]
     return {
         "system_at_start": _renders(text, [_sys("first"), user], "first")[0],
         "several_systems": _renders(text, [_sys("one"), _sys("two"), user], "one", "two")[0],
@@ -142,7 +180,8 @@ def _probe(text: str) -> dict[str, Any]:
         "late_system_error": late_error,
         "developer_role": _renders(text, [{"role": "developer", "content": _S + "dev"}, user], "dev")[0],
         "images": bool(with_image) and _S + "pic" in with_image and with_image != text_only,
-        "tool_role": _renders(text, tool_turn, "tool")[0],
+        "tool_role": any_id or nine,
+        "nine_char_call_ids": nine,
     }
 
 

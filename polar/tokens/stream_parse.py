@@ -31,6 +31,7 @@ from typing import Any
 
 from polar.canonical import Delta, ReasoningDelta, TextDelta, ToolCallDelta
 from polar.tokens import parsers
+from polar.tokens.formats.reader import call_id
 from polar.tokens.parsers import PARSERS, THINK_END, THINK_START, Malformed, ParsedTurn, parse_turn
 
 
@@ -256,7 +257,7 @@ class TurnStream:
     def _read(self, kind: str, payload: Any) -> None:
         """What a family's own reader settles (stage 3 to 5 in one)."""
         if kind == "call":
-            self._sent.append(ToolCallDelta(len(self._sent), payload[1], parsers.new_call_id(), payload[0]))
+            self._sent.append(ToolCallDelta(len(self._sent), payload[1], call_id(payload), payload[0]))
             self._out.append(self._sent[-1])
         else:
             self._emit(ReasoningDelta if kind == "reasoning" else TextDelta, payload)

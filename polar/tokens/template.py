@@ -23,6 +23,7 @@ from typing import Any
 
 from polar.canonical import Message, Tool
 from polar.errors import GatewayError
+from polar.tokens import harmony_turns
 from polar.tokens.encoder import IdsEncoder, ids_encoder
 from polar.tokens.families import require_token_faithful
 from polar.tokens.messages import to_openai_messages
@@ -52,6 +53,7 @@ class Continuation:
     rendered_messages: int  # how many messages were rendered to build it (probe + new)
     rendered_chars: int  # how much text was rendered to build it
     failure: str | None = None
+    history_rule: bool = False  # the ids before it take the template's history rule first (harmony_turns.py)
 
     @classmethod
     def failed(cls, reason: str) -> Continuation:
@@ -105,7 +107,7 @@ class ChatTemplate:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         text = Path(template_path).read_text() if template_path else None
         name = Path(template_path).stem if template_path else path.name
-        template = cls(tokenizer, text, eos_token_ids=_generation_eos_ids(path), name=name)
+        template = cls(tokenizer, text, eos_token_ids=generation_eos_ids(path), name=name)
         require_token_faithful(template.template_text, f"the chat template {name!r}")  # never silent (families.py)
         return template
 
@@ -124,9 +126,12 @@ class ChatTemplate:
     ) -> str:
         """The template's text for these messages; template errors are the client's (as in vLLM)."""
         kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        rendered = openai_messages(messages)
+        if self.family == "harmony":
+            rendered = harmony_turns.template_messages(rendered)
         try:
             return self.tokenizer.apply_chat_template(
-                openai_messages(messages),
+                rendered,
                 tools=openai_tools(tools) or None,
                 chat_template=self.template_text,
                 add_generation_prompt=add_generation_prompt,
@@ -184,9 +189,21 @@ class ChatTemplate:
     def end_of_turn(self) -> str | None:
         """The stop token the template writes right after assistant content (None: it writes none)."""
         try:
-            return self._probe(None, 0).end_of_turn
+            return self._probe(None, 0).end_of_turn or None
         except _NoContinuation:
             return None
+
+    @property
+    def stops_on_next_role(self) -> bool:
+        """The template writes nothing after assistant content: the model stops on the next turn's role token
+        (GLM's `<|observation|>` / `<|user|>`), which a continuation does not write twice."""
+        try:
+            return self._probe(None, 0).end_of_turn == ""
+        except _NoContinuation:
+            return False
+
+    def _stop_markers(self) -> list[str]:
+        return [m for m in self.tokenizer.convert_ids_to_tokens(list(self.eos_token_ids)) if isinstance(m, str)]
 
     @property
     def end_of_turn_id(self) -> int | None:
@@ -200,15 +217,23 @@ class ChatTemplate:
         enable_thinking: bool | None = None,
         *,
         previous_ended_with_eos: bool,
+        last_id: int | None = None,
+        previous_calls: Sequence[str] = (),
     ) -> Continuation:
         """Ids to append after a sampled assistant turn so the model sees the new messages next.
 
         `previous_ended_with_eos`: the sampled ids end with `end_of_turn_id`. When they do not
         (length limit, a stop string, another stop id such as <|endoftext|>), the turn is closed
-        first with the template's end-of-turn marker. When the template cannot render the new
-        messages on their own, the result has `failure` set and no ids.
+        first with the template's end-of-turn marker. A template that writes no end-of-turn marker
+        (GLM: the model stops on the next turn's role token, `<|observation|>` or `<|user|>`) is
+        joined by `last_id`, the last sampled id: when it is the role token the new messages start
+        with, that token is the model's own and is not written again. When the template cannot render
+        the new messages on their own, the result has `failure` set and no ids. `previous_calls`: the
+        names of the sampled turn's tool calls (gpt-oss's template names a tool result after them).
         """
         new = openai_messages(new_messages)
+        if self.family == "harmony":
+            return self._harmony_continuation(new, tools, enable_thinking, list(previous_calls), last_id)
         # Tool results follow a turn that called those tools: some templates render them from it (MiniMax-M2
         # refuses them without one, DeepSeek-V3.2 writes one results block for all of its calls), so the probe
         # turn makes as many calls as tool results lead the new messages.
@@ -221,14 +246,23 @@ class ChatTemplate:
             return Continuation.failed(str(exc))
         except GatewayError as exc:
             return Continuation.failed(f"the template cannot render the new messages on their own: {exc.message}")
-        at = rendered.find(probe.tail, max(rendered.find(PROBE_USER), 0))
+        # the last one: each probe call is named by the sentinel, and the tail may end the same way after every call
+        at = rendered.rfind(probe.tail, max(rendered.find(PROBE_USER), 0))
         if at < 0:
             return Continuation.failed(
                 "the template ends an assistant turn differently when messages follow it, so the sampled "
                 "end-of-turn tokens are not what a re-render would show"
             )
         text = rendered[at + len(PROBE_SENTINEL) + len(probe.calls) + len(probe.end_of_turn) :]
-        if not previous_ended_with_eos:
+        if not probe.end_of_turn:  # the next turn's role token is the stop token
+            role = next((m for m in self._stop_markers() if text.startswith(m)), None)
+            if role is None:
+                return Continuation.failed(f"the template writes no end-of-turn token, and the new messages start with "
+                                           f"{text[:30]!r}, which is no stop token: the model could not end its turn there")
+            sampled_it = last_id is not None and last_id == self.tokenizer.convert_tokens_to_ids(role)
+            previous_ended_with_eos = sampled_it
+            text = text[len(role) :] if sampled_it else text
+        elif not previous_ended_with_eos:
             text = probe.end_of_turn + text
         return Continuation(
             ids=self.encode(text),
@@ -239,6 +273,29 @@ class ChatTemplate:
             rendered_messages=len(messages),
             rendered_chars=len(rendered),
         )
+
+    def _harmony_continuation(self, new: list[dict[str, Any]], tools, enable_thinking: bool | None,
+                              calls: list[str], last_id: int | None) -> Continuation:
+        """After a call (stopped by `<|call|>`) the new messages extend the prompt as they are; after a final answer
+        (stopped by `<|return|>`) the ids before them take the template's history rule (harmony_turns.py)."""
+        probe = _probe_messages(0)
+        if calls:
+            probe[1]["tool_calls"] = [{"id": f"polarprb{i}", "type": "function", "function": {"name": n, "arguments": {}}}
+                                      for i, n in enumerate(calls, 1)]
+        try:
+            rendered = self.render([*probe, *new], tools, True, enable_thinking)
+        except GatewayError as exc:
+            return Continuation.failed(f"the template cannot render the new messages on their own: {exc.message}")
+        text = harmony_turns.new_messages_text(rendered, PROBE_SENTINEL, calls)
+        if text is None:
+            return Continuation.failed("the template does not end the sampled turn as the model did")
+        stop = harmony_turns.CALL if calls else harmony_turns.RETURN
+        ended = last_id is not None and last_id == self.tokenizer.convert_tokens_to_ids(stop)
+        if not ended:  # cut by max_tokens (or another stop): closed as the template closes a message in history
+            text = (harmony_turns.CALL if calls else harmony_turns.END) + text
+        return Continuation(ids=self.encode(text), text=text, bridge="", closed_truncated_turn=not ended,
+                            think_open=False, rendered_messages=len(probe) + len(new), rendered_chars=len(rendered),
+                            history_rule=ended and not calls)
 
     def generation_prompt(self, enable_thinking: bool | None = None) -> str:
         """The text the template appends to make the model answer (e.g. "<|im_start|>assistant\\n<think>\\n")."""
@@ -290,19 +347,21 @@ class ChatTemplate:
             raise _NoContinuation(f"the template cannot render a user/assistant exchange: {exc.message}") from None
         at = rendered.rfind(PROBE_SENTINEL)
         after = rendered[at + len(PROBE_SENTINEL) :] if at >= 0 else ""
-        markers = [self.tokenizer.convert_ids_to_tokens(i) for i in self.eos_token_ids]
+        markers = self._stop_markers()
         markup = ""
         if calls:  # the calls' markup comes first: the turn ends at the first stop token after it
             found = [i for m in markers if isinstance(m, str) and (i := after.find(m)) >= 0]
-            markup = after[: min(found)] if found else ""
-        end_of_turn = next((m for m in markers if isinstance(m, str) and after.startswith(m, len(markup))), None)
+            markup = after[: min(found)] if found else after
+        end_of_turn = next((m for m in markers if after.startswith(m, len(markup))), None)
+        if end_of_turn is None and at >= 0 and after == markup:
+            return _Probe("", "", PROBE_SENTINEL + after, markup)  # no end-of-turn token: the next role token stops
         if end_of_turn is None:
             raise _NoContinuation(
                 f"the template does not end an assistant turn with a stop token right after its content "
                 f"(it writes {after[:40]!r}; stop tokens: {markers})"
             )
         bridge = after[len(markup) + len(end_of_turn) :]
-        if any(m in bridge for m in markers if isinstance(m, str)):
+        if any(m in bridge for m in markers):
             raise _NoContinuation(f"the template writes more than one stop token after an assistant turn: {after!r}")
         return _Probe(end_of_turn, bridge, PROBE_SENTINEL + after, markup)
 
@@ -366,7 +425,7 @@ def _probe_messages(calls: int = 0) -> list[dict[str, Any]]:
     return [{"role": "user", "content": PROBE_USER}, assistant]
 
 
-def _generation_eos_ids(path: Path) -> list[int]:
+def generation_eos_ids(path: Path) -> list[int]:
     config = path / "generation_config.json"
     if not config.is_file():
         return []

@@ -21,6 +21,7 @@ from polar.canonical import ChatRequest, ChatResult, Reasoning, Usage, holds_ima
 from polar.errors import GatewayError
 from polar.sessions.splice import SPLICED, splice
 from polar.sessions.state import REPEATED, Extension, SessionView
+from polar.tokens.harmony_turns import HISTORY_RULE, apply_history_rule
 from polar.tokens.messages import to_openai_messages
 from polar.tokens.parsers import ParsedTurn
 from polar.tokens.shaping import TemplateTraits
@@ -108,12 +109,20 @@ class TokenFaithful:
         new = [m for msg in ext.new_messages for m in to_openai_messages(msg)]
         sampled_any = len(ext.turn.ids) > ext.turn.prompt_len
         ended_with_eos = sampled_any and ext.turn.ids.last() == self.template.end_of_turn_id
+        answer = request.messages[len(request.messages) - len(ext.new_messages) - 1]
         cont = self.template.continuation(
-            new, self._tools(request), request.thinking.enabled, previous_ended_with_eos=bool(ended_with_eos)
+            new, self._tools(request), request.thinking.enabled, previous_ended_with_eos=bool(ended_with_eos),
+            last_id=int(ext.turn.ids.last()) if sampled_any else None,
+            previous_calls=[call.name for call in answer.tool_calls or []],
         )
         if cont.failure:
             return None, f"template cannot render the new messages alone: {cont.failure}"
         mode = "token-faithful" + (" (closed a truncated turn)" if cont.closed_truncated_turn else "")
+        if cont.history_rule:  # a new trajectory segment: the earlier ids as the template's history writes them
+            earlier = apply_history_rule(ext.turn.ids.array(), self.template.tokenizer)
+            if earlier is None:
+                return None, "the sampled turn does not end as the template's history rule expects"
+            return np.concatenate([earlier, np.asarray(cont.ids, dtype=earlier.dtype)]), f"token-faithful ({HISTORY_RULE})"
         # An array: the earlier turn's ids are never made Python ints (they go upstream through orjson).
         return ext.turn.ids.extended(cont.ids), mode
 

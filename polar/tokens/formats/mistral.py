@@ -28,18 +28,19 @@ _DECODER = json.JSONDecoder()
 _SNIPPET = 120
 
 
-def read_section(section: str, schemas: dict[str, dict]) -> list[tuple[str, str]]:
-    """What follows the first [TOOL_CALLS] → its calls (name, arguments as written), or Malformed."""
+def read_section(section: str, schemas: dict[str, dict]) -> list[tuple[str, ...]]:
+    """What follows the first [TOOL_CALLS] → its calls (name, arguments as written[, the call id the model wrote]),
+    or Malformed."""
     if section.lstrip().startswith("["):
         return _json_list(section.strip(), schemas)
     calls = []
     for chunk in section.split(TOOL_CALLS):
         head, sep, args = chunk.partition(ARGS)
-        name = head.partition(CALL_ID)[0].strip()
+        name, _, call_id = (part.strip() for part in head.partition(CALL_ID))
         if not sep or not name:
             raise Malformed(f"a call is not NAME{ARGS}{{json}}")
         check_known(name, schemas)
-        calls.append((name, json_arguments(args)))
+        calls.append((name, json_arguments(args), call_id) if call_id else (name, json_arguments(args)))
     return calls
 
 

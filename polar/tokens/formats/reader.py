@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from polar.canonical import ToolCall
 from polar.tokens.turn_parser import ParsedTurn, TurnParser, new_call_id
 
-# What a reader hands on: ("reasoning" | "content", text) or ("call", (name, arguments)).
+# What a reader hands on: ("reasoning" | "content", text) or ("call", (name, arguments[, the model's own call id])).
 Emit = Callable[[str, Any], None]
 
 
@@ -33,7 +33,7 @@ class ReaderParser(TurnParser):
 
         def emit(kind: str, payload: Any) -> None:
             if kind == "call":
-                turn.tool_calls.append(ToolCall(id=new_call_id(), name=payload[0], arguments=payload[1]))
+                turn.tool_calls.append(ToolCall(id=call_id(payload), name=payload[0], arguments=payload[1]))
             else:
                 parts[kind].append(payload)
 
@@ -44,3 +44,9 @@ class ReaderParser(TurnParser):
         turn.reasoning = "".join(parts["reasoning"]) if parts["reasoning"] else None
         turn.malformed = reader.malformed
         return turn
+
+
+def call_id(payload: tuple) -> str:
+    """The id the model wrote for its call (Mistral-Small-3.2's `[CALL_ID]`: its tool result must name it), else
+    polar's own."""
+    return payload[2] if len(payload) > 2 and payload[2] else new_call_id()
