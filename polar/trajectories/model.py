@@ -40,7 +40,7 @@ class Turn(_Model):
     completion_end: int
     finish_reason: str | None = None
     prompt_mode: str | None = None  # how the gateway built this call's prompt
-    policy_version: str | None = None
+    policy_version: int | None = None  # the trainer's step it was sampled under
     has_logprobs: bool = True  # False: the upstream gave no logprobs; the span holds None
 
     @property
@@ -86,7 +86,7 @@ class Trajectory(_Model):
     turns: list[Turn]
     reward: float | None = None  # set by an evaluator
     step_rewards: list[float | None] | None = None  # optional, one per turn
-    policy_version: str | None = None  # when every turn agrees on one; else see the turns
+    policy_version: int | None = None  # when every turn agrees on one; else see the turns
     truncated: bool = False  # some turn stopped at the token limit
     broken_prefix: bool = False  # see `prefix_break`
     prefix_break: PrefixBreak | None = None

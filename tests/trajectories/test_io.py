@@ -21,8 +21,8 @@ SYSTEM = list(range(100, 140))
 def _session(recorder) -> list[Trajectory]:
     """A main line, a fork, a broken prefix and a failed tail: every optional field gets a value."""
     p1 = SYSTEM + [248045, 1]
-    recorder.call("s", p1, [11, 12, 248046], conversation("t ü", 0), policy="3")
-    recorder.call("s", p1 + [11, 12, 248046, 5], [13, 248046], conversation("t ü", 1), finish="length", policy="3")
+    recorder.call("s", p1, [11, 12, 248046], conversation("t ü", 0), policy=3)
+    recorder.call("s", p1 + [11, 12, 248046, 5], [13, 248046], conversation("t ü", 1), finish="length", policy=3)
     recorder.call("s", p1 + [11, 12, 248046, 6], [14, 248046], conversation("t ü", 1))  # fork
     recorder.call("s", p1 + [11, 99, 248046, 5, 13, 248046, 7], [15, 248046], conversation("t ü", 2))  # break
     recorder.fail("s", conversation("t ü", 3))
@@ -34,7 +34,7 @@ def _session(recorder) -> list[Trajectory]:
 
 def test_session_fixture_covers_the_optional_fields(recorder):
     main, fork, broken = _session(recorder)
-    assert fork.lineage and broken.prefix_break and broken.partial and main.truncated and main.policy_version == "3"
+    assert fork.lineage and broken.prefix_break and broken.partial and main.truncated and main.policy_version == 3
 
 
 def test_jsonl_round_trip(recorder, tmp_path):
