@@ -67,6 +67,20 @@ def test_parquet_reads_with_pyarrow_alone(recorder, tmp_path):
     assert rows[0]["logprobs"] == trajs[0].logprobs
 
 
+def test_policy_versions_are_ints_in_the_files_and_older_labels_read_as_none(recorder, tmp_path):
+    main = _session(recorder)[0]
+    write_parquet([main], tmp_path / "t.parquet")
+    (row,) = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert row["policy_version"] == 3 and [t["policy_version"] for t in row["turns"]] == [3, 3]
+    assert pq.read_schema(tmp_path / "t.parquet").field("policy_version").type == pa.int64()
+    # As a rollout state stored it before policy_version was an int: the step's digits, or vLLM's label
+    stored = json.loads(main.model_dump_json())
+    stored["policy_version"], stored["turns"][0]["policy_version"], stored["turns"][1]["policy_version"] = (
+        "3", "3", "default")
+    old = Trajectory.model_validate(stored)
+    assert old.policy_version == 3 and [t.policy_version for t in old.turns] == [3, None]
+
+
 def test_missing_logprobs_round_trip_as_nulls(recorder, tmp_path):
     p1 = SYSTEM + [1]
     recorder.call("s", p1, [11, 2], conversation("t", 0))
