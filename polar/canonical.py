@@ -193,8 +193,8 @@ class ChatResult(_Model):
     completion_token_ids: list[int] = Field(default_factory=list)
     # None when the upstream gave no logprob for some sampled token (never invented).
     completion_logprobs: list[float] | None = Field(default_factory=list)
-    # Weight version that produced the sample, when the upstream reports one.
-    policy_version: int | str | None = None
+    # The upstream's own label for the weights that sampled it (vLLM's `weight_version`), when it reports one.
+    weight_version: str | None = None
     # How the prompt ids were built: "chat-template" (vLLM rendered it), "token-faithful",
     # or "re-render: <why the earlier turn's ids could not be kept>".
     prompt_mode: str = "chat-template"

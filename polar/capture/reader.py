@@ -20,6 +20,7 @@ import numpy as np
 
 from polar.capture.bodies import read_body, read_stored, unpack, unpack_json
 from polar.capture.dictionaries import Dictionaries
+from polar.capture.schema import policy_step
 from polar.capture.tokens import unpack_ids, unpack_logprobs
 from polar.sqlite_files import open_readonly
 
@@ -186,6 +187,7 @@ def decode_row(conn: sqlite3.Connection, row: sqlite3.Row, cache: RowCache) -> d
     for key in ("request_headers", "canonical", "result", "rewrites"):
         if out.get(key):
             out[key] = json.loads(unpack_json(out[key], dictionaries))  # large canonical and result are compressed
+    _versions(out)
     out["request_body"] = read_body(conn, out, cache.bodies)
     if out.get("response_body_id") is not None:  # a large one, in `bodies` (rows before this column have none)
         out["response_body"] = read_stored(conn, out["response_body_id"], f"capture row {out['id']}", cache.bodies)
@@ -203,3 +205,19 @@ def decode_row(conn: sqlite3.Connection, row: sqlite3.Row, cache: RowCache) -> d
             canonical[key] = cache.values[canonical[key]]
         canonical["messages"] = [cache.values[h] for h in refs]
     return out
+
+
+def _versions(row: dict[str, Any]) -> None:
+    """A row as the current schema has it: a database the writer has not migrated yet holds `policy_version` as
+    TEXT (the trainer's step, or the upstream's label: schema.policy_step), and a result from before the upstream's
+    label had its own name calls it `policy_version`."""
+    stored = row.get("policy_version")
+    if isinstance(stored, str):
+        row["policy_version"] = policy_step(stored)
+        if row["policy_version"] is None and row.get("weight_version") is None:
+            row["weight_version"] = stored
+    row.setdefault("weight_version", None)
+    result = row.get("result")
+    if isinstance(result, dict) and "policy_version" in result:
+        label = result.pop("policy_version")
+        result["weight_version"] = None if label is None else str(label)

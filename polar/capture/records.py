@@ -124,7 +124,8 @@ class CallEnd:
     upstream_model: str | None = None
     result: str | None = None  # canonical result JSON, without token arrays
     finish_reason: str | None = None
-    policy_version: str | None = None
+    policy_version: int | None = None  # the trainer's step the gate resumed under (gateway/gate.py)
+    weight_version: str | None = None  # the upstream's own label for the weights that sampled it
     prompt_mode: str | None = None
     replica: str | None = None  # the fleet replica that answered (or failed) the call
     t_upstream: float | None = None
@@ -144,6 +145,7 @@ class CallEnd:
             "t_end": self.t_end, "model": self.model, "stream": None if self.stream is None else int(self.stream),
             "error_kind": self.error_kind, "error": self.error, "upstream_model": self.upstream_model,
             "result": self.result, "finish_reason": self.finish_reason, "policy_version": self.policy_version,
+            "weight_version": self.weight_version,
             "prompt_mode": self.prompt_mode, "replica": self.replica, "t_upstream": self.t_upstream, "t_first": self.t_first,
             "rewrites": pack_json(json.dumps(self.rewrites)) if self.rewrites else None,
         }  # fmt: skip

@@ -1,6 +1,7 @@
 """The capture database's shape: one `calls` row per model call, content-addressed messages, meta.
 
-Only the writer creates or migrates it (additive migrations only); readers open it read-only.
+Only the writer creates or migrates it (columns added; one column retyped: `policy_version`, see
+`_retype_policy_version`); readers open it read-only, and read the layouts before it (reader.py).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ CALLS: dict[str, Any] = {
     "completion_encoding": str,  # NULL or zstd (bodies.pack, both columns) when over 256 B: ids compress ~2x
     "completion_len": int,
     "finish_reason": str,
-    "policy_version": str,
+    "policy_version": int,  # the trainer's step the gate resumed under (gateway/gate.py)
+    "weight_version": str,  # the upstream's own label for the weights that sampled the call (vLLM's)
     "prompt_mode": str,  # how the prompt was built (chat-template | token-faithful | re-render: why)
     "replica": str,  # base URL of the fleet replica that answered or failed the call (NULL: one upstream)
     "t_start": float,
@@ -87,6 +89,7 @@ def ensure(conn: sqlite3.Connection) -> None:
         for name, typ in CALLS.items():
             if name not in calls.columns_dict:
                 calls.add_column(name, typ)
+        _retype_policy_version(conn, calls)
     if not db["messages"].exists():
         # Content-addressed canonical messages (and large request parts, the tools): every turn re-sends
         # them all, but each is stored once, so a session's canonical requests take O(N), not O(T·N).
@@ -110,6 +113,36 @@ def ensure(conn: sqlite3.Connection) -> None:
         db["meta"].create({"key": str, "value": str}, pk="key")
     for key in ("key_salt", "seal_key"):  # secrets of this database, random per database
         conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", (key, os.urandom(32).hex()))
+
+
+def policy_step(stored: Any) -> int | None:
+    """The trainer's step in a `policy_version` as databases before it was an int hold it (TEXT: the step's digits,
+    or the upstream's label for its weights, such as vLLM's "default"); None for a label."""
+    if isinstance(stored, int) or stored is None:
+        return stored
+    try:
+        step = int(stored)
+    except ValueError:
+        return None
+    return step if str(step) == stored else None
+
+
+def _retype_policy_version(conn: sqlite3.Connection, calls: sqlite_utils.db.Table) -> None:
+    """A database from before `policy_version` was an int: the column becomes INTEGER (the table is rebuilt,
+    once), a step keeps its value as the int, and a label moves to `weight_version`: nothing captured is lost."""
+    if calls.columns_dict["policy_version"] is int:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if calls.columns_dict["policy_version"] is not int:  # another writer may have done it meanwhile
+            conn.create_function("polar_policy_step", 1, policy_step, deterministic=True)
+            conn.execute("UPDATE calls SET weight_version = policy_version, policy_version = NULL"
+                         " WHERE policy_version IS NOT NULL AND polar_policy_step(policy_version) IS NULL")
+            calls.transform(types={"policy_version": int})  # the digits left become ints (INTEGER affinity)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def presize_wal(conn: sqlite3.Connection, path: str, synchronous: str) -> None:

@@ -45,7 +45,7 @@ SCHEMA = pa.schema([
     ("advantage", pa.float64()),
     ("group_reward_mean", pa.float64()),
     ("group_reward_std", pa.float64()),
-    ("policy_version", pa.string()),  # what served the turns (null when they differ)
+    ("policy_version", pa.int64()),  # the trainer's step the turns were sampled under (null when they differ)
     ("trainer_policy_version", pa.int64()),  # the trainer's version when the session started
     ("num_turns", pa.int32()),
     ("truncated", pa.bool_()),

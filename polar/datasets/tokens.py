@@ -24,12 +24,12 @@ _TURN = pa.struct([
     ("completion_start", pa.int32()),
     ("completion_end", pa.int32()),
     ("finish_reason", pa.string()),
-    ("policy_version", pa.string()),
+    ("policy_version", pa.int64()),
     ("has_logprobs", pa.bool_()),
 ])
 SCHEMA = pa.schema([
     *IDENTITY_COLUMNS,
-    ("policy_version", pa.string()),  # what served every turn (null when the turns differ: see `turns`)
+    ("policy_version", pa.int64()),  # the trainer's step every turn was sampled under (null when they differ)
     ("trainer_policy_version", pa.int64()),  # the trainer's version when the session started
     ("input_ids", pa.list_(pa.int32())),
     ("labels", pa.list_(pa.int32())),

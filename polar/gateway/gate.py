@@ -1,14 +1,15 @@
 """The sampling gate: weight updates pause new model calls and wait for the ones in flight.
 
 A trainer pauses sampling, waits for in-flight calls (`drain`), swaps weights and resumes with the
-new policy version, which calls record when the upstream reports none itself. Paused calls wait,
-they are not refused: harnesses just see a slower answer. A resume under a new version opens the gate
-once `before_resume` has run (a fleet of replicas takes out those not serving that version). Use on the
+new policy version, which every call sampled from then on records. Paused calls wait, they are not
+refused: harnesses just see a slower answer. A resume under a new version opens the gate once
+`before_resume` has run (a fleet of replicas takes out those not serving that version). Use on the
 proxy's event loop (from another thread: loop.call_soon_threadsafe / asyncio.run_coroutine_threadsafe).
 
-Two versions meet here, each of one type: the trainer's (an int counting its updates, as rollout/ holds it)
-and the label of the weights that served a call (a str, as vLLM's own `weight_version` is: what captures,
-trajectories and datasets hold). The gate writes the trainer's version as that label.
+Two names, each of one type: `policy_version` is the trainer's step (an int, as rollout/, captures,
+trajectories and datasets hold it), given here; `weight_version` is the upstream's own label for the
+weights that sampled a call (a str, vLLM's `weight_version`), which the call's result carries. Neither
+stands in for the other.
 """
 
 from __future__ import annotations
@@ -23,24 +24,26 @@ log = logging.getLogger("polar.gateway")
 
 class SamplingGate:
     def __init__(self) -> None:
-        self.policy_version: str | None = None
+        self.policy_version: int | None = None
         self._open = asyncio.Event()
         self._open.set()
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self.before_resume: Callable[[str], Awaitable[None]] | None = None
+        self.before_resume: Callable[[int], Awaitable[None]] | None = None
         self._resuming: asyncio.Task | None = None
-        self._checked: str | None = None  # the last version before_resume completed for
+        self._checked: int | None = None  # the last version before_resume completed for
 
     def pause(self) -> None:
         if self._resuming is not None:
             self._resuming.cancel()
         self._open.clear()
 
-    def resume(self, policy_version: int | str | None = None) -> None:
+    def resume(self, policy_version: int | None = None) -> None:
         if policy_version is not None:
-            self.policy_version = str(policy_version)
+            if isinstance(policy_version, bool) or not isinstance(policy_version, int):
+                raise TypeError(f"a policy version is the trainer's step, an int: not {policy_version!r}")
+            self.policy_version = policy_version
         version = self.policy_version
         if self.before_resume is not None and version is not None and version != self._checked:
             if self._resuming is not None:
@@ -49,7 +52,7 @@ class SamplingGate:
             return
         self._open.set()
 
-    async def _open_after(self, version: str) -> None:
+    async def _open_after(self, version: int) -> None:
         try:
             await self.before_resume(version)
             self._checked = version
@@ -81,9 +84,3 @@ class SamplingGate:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
-
-    def version(self, upstream: int | str | None) -> str | None:
-        """vLLM's own weight version when it tracks one; its placeholder "default" yields to the trainer's."""
-        if upstream is not None and str(upstream) != "default":
-            return str(upstream)
-        return self.policy_version or (None if upstream is None else str(upstream))

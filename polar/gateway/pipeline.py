@@ -380,7 +380,7 @@ class _Call:
         end.upstream_model = result.model
         end.result = result.model_dump_json(exclude={"prompt_token_ids", "completion_token_ids", "completion_logprobs"})
         end.finish_reason = end.finish_reason or result.finish_reason  # a broken stream says "abort"
-        end.policy_version = gate.version(result.policy_version)
+        end.policy_version, end.weight_version = gate.policy_version, result.weight_version
         end.prompt_mode = result.prompt_mode
         end.replica = result.replica or end.replica
         end.tokens = TokenRecord(self.prompt, result.completion_token_ids, result.completion_logprobs,

@@ -105,6 +105,10 @@ def _field(key: str, value: Any) -> str:
     return f"{key:<12}{value}"
 
 
+def _dash(value: Any) -> Any:
+    return "-" if value is None else value  # policy version 0 is a version
+
+
 def _header(call: CapturedCall) -> list[str]:
     row = call.row
     calls = f"{call.session_calls} call{'' if call.session_calls == 1 else 's'}"
@@ -149,8 +153,8 @@ def _answer(row: dict[str, Any]) -> list[str]:
         _section("answer"),
         _field("finish", result.get("finish_reason")),
         _field("prompt", f"{usage.get('prompt_tokens', 0)} tokens, {result.get('prompt_mode')}"),
-        _field("sampled", f"{usage.get('completion_tokens', 0)} tokens by {result.get('model')}, "
-                          f"policy {row.get('policy_version') or '-'}"),
+        _field("sampled", f"{usage.get('completion_tokens', 0)} tokens by {result.get('model')}"),
+        _field("versions", f"policy {_dash(row.get('policy_version'))}, weights {_dash(row.get('weight_version'))}"),
     ]
     reasoning = (result.get("reasoning") or {}).get("text")
     if reasoning:

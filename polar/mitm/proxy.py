@@ -149,7 +149,7 @@ class BackgroundProxy:
     def pause_sampling(self) -> None:
         self._on_loop(self.addon.gate.pause)
 
-    def resume_sampling(self, policy_version: int | str | None = None) -> None:
+    def resume_sampling(self, policy_version: int | None = None) -> None:
         self._on_loop(self.addon.gate.resume, policy_version)
 
     def drain(self, timeout: float = 60.0) -> bool:

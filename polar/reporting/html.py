@@ -295,7 +295,7 @@ def _replicas(data: RunData) -> Section:
                       "its samples carry; with `--upstream`, each server's vLLM prefix-cache hit rate since it started. "
                       "Live load is in `polar rollout status`.")
     rows = [[r.replica, r.calls, r.ok, r.failed, r.failed_over, len(r.sessions), r.prompt_tokens, r.sampled_tokens,
-             ", ".join(sorted(r.policy_versions)) or "–"] for r in data.replicas]
+             ", ".join(map(str, sorted(r.policy_versions))) or "–"] for r in data.replicas]
     header = ["replica", "calls", "ok", "failed", "failed over", "sessions", "prompt tokens", "sampled tokens",
               "policy versions"]
     if any(r.metrics is not None for r in data.replicas):  # `polar report --upstream`: read from vLLM now

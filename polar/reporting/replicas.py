@@ -19,7 +19,7 @@ class ReplicaStats:
     prompt_tokens: int = 0
     sampled_tokens: int = 0
     sessions: set[str] = field(default_factory=set)
-    policy_versions: set[str] = field(default_factory=set)
+    policy_versions: set[int] = field(default_factory=set)
     metrics: dict[str, float] | None = None  # its vLLM's /metrics when the report was written, if asked for
 
     @property
@@ -49,5 +49,5 @@ def replica_stats(rows: Iterable[dict[str, Any]]) -> list[ReplicaStats]:
         else:
             stats.failed += 1
         if row.get("policy_version") is not None:
-            stats.policy_versions.add(str(row["policy_version"]))
+            stats.policy_versions.add(row["policy_version"])
     return list(out.values())

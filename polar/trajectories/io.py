@@ -25,7 +25,7 @@ _TURN = pa.struct([
     ("completion_end", pa.int64()),
     ("finish_reason", pa.string()),
     ("prompt_mode", pa.string()),
-    ("policy_version", pa.string()),
+    ("policy_version", pa.int64()),
     ("has_logprobs", pa.bool_()),
 ])
 _LINEAGE = pa.struct([("parent_id", pa.string()), ("parent_row_id", pa.int64()), ("fork_position", pa.int64())])
@@ -50,7 +50,7 @@ SCHEMA = pa.schema([
     ("turns", pa.list_(_TURN)),
     ("reward", pa.float64()),
     ("step_rewards", pa.list_(pa.float64())),
-    ("policy_version", pa.string()),
+    ("policy_version", pa.int64()),
     ("truncated", pa.bool_()),
     ("broken_prefix", pa.bool_()),
     ("prefix_break", _BREAK),

@@ -19,11 +19,16 @@ so each sampled token is trainable in exactly one trajectory) and continues from
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from polar.capture.schema import policy_step
 
 Builder = Literal["per-request", "prefix-merge"]
+# The trainer's step a call was sampled under. Trajectories stored before it was an int (a rollout state's results)
+# held there, when the trainer had given none, the upstream's label for its weights: that reads as no step.
+PolicyVersion = Annotated[int | None, BeforeValidator(lambda v: policy_step(v) if isinstance(v, str) else v)]
 
 
 class _Model(BaseModel):
@@ -40,7 +45,7 @@ class Turn(_Model):
     completion_end: int
     finish_reason: str | None = None
     prompt_mode: str | None = None  # how the gateway built this call's prompt
-    policy_version: str | None = None
+    policy_version: PolicyVersion = None
     has_logprobs: bool = True  # False: the upstream gave no logprobs; the span holds None
 
     @property
@@ -86,7 +91,7 @@ class Trajectory(_Model):
     turns: list[Turn]
     reward: float | None = None  # set by an evaluator
     step_rewards: list[float | None] | None = None  # optional, one per turn
-    policy_version: str | None = None  # when every turn agrees on one; else see the turns
+    policy_version: PolicyVersion = None  # when every turn agrees on one; else see the turns
     truncated: bool = False  # some turn stopped at the token limit
     broken_prefix: bool = False  # see `prefix_break`
     prefix_break: PrefixBreak | None = None

@@ -76,3 +76,11 @@ def content_as_written(content: str, after_think: bool, before_calls: bool) -> s
     if after_think:
         content = content.lstrip("\n")
     return content.rstrip() if before_calls else content
+
+
+def weight_version(choice: dict[str, Any]) -> str | None:
+    """vLLM's label for the weights that sampled a token-in choice (its last span's; "default" until a trainer
+    names one). A label, not the trainer's step: the gate stamps that (gateway/gate.py)."""
+    versions = choice.get("weight_versions") or []
+    version = versions[-1].get("version") if versions else None
+    return None if version is None else str(version)

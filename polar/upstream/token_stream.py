@@ -17,6 +17,7 @@ from polar.errors import GatewayError
 from polar.tokens.stream_parse import IncrementalDecoder, TurnStream
 from polar.tokens.template import ChatTemplate, openai_tools
 from polar.upstream.http import StreamRequest, response_json, take_batch
+from polar.upstream.results import weight_version
 
 
 class TokenFaithful(Protocol):
@@ -26,7 +27,7 @@ class TokenFaithful(Protocol):
     template: ChatTemplate
 
     def result(self, request: ChatRequest, call_id: str, prompt_ids: Sequence[int], sampled: list[int],
-               logprobs: Any, finish: str, stop_reason: Any, version: Any, parsed: Any = None) -> ChatResult: ...
+               logprobs: Any, finish: str, stop_reason: Any, version: str | None, parsed: Any = None) -> ChatResult: ...
 
 
 class TokenStream:
@@ -43,7 +44,7 @@ class TokenStream:
         self.logprobs: list[Any] = []
         self.finish: str | None = None
         self.stop_reason: Any = None
-        self.version: Any = None
+        self.weight_version: str | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -91,15 +92,14 @@ class TokenStream:
             text.append(self.decoder.step([t for t in new if t not in self.eos]))
             if choice.get("finish_reason") is not None:
                 self.finish, self.stop_reason = choice["finish_reason"], choice.get("stop_reason")
-                versions = choice.get("weight_versions") or []
-                self.version = versions[-1].get("version") if versions else None
+                self.weight_version = weight_version(choice)
         return "".join(text)
 
     def result(self) -> ChatResult:
         """The whole turn: the parse the stream made (the call ids its client holds), on the ids vLLM sent."""
         parsed = self.turn.result if self.turn.finished else None
         result = self.backend.result(self.request, self.call_id, self.prompt_ids, self.ids, self.logprobs,
-                                     self.finish or "length", self.stop_reason, self.version, parsed=parsed)
+                                     self.finish or "length", self.stop_reason, self.weight_version, parsed=parsed)
         result.prompt_mode = self.mode
         return result
 

@@ -28,7 +28,7 @@ from polar.tokens.shaping import TemplateTraits
 from polar.tokens.template import ChatTemplate, openai_tools
 from polar.upstream.base import UpstreamStream
 from polar.upstream.http import StreamRequest
-from polar.upstream.results import logprobs_or_none
+from polar.upstream.results import logprobs_or_none, weight_version
 from polar.upstream.token_stream import TokenStream
 from polar.upstream.vllm_chat import VLLMChat
 
@@ -203,7 +203,7 @@ class TokenFaithful:
             prompt_token_ids=prompt_ids if isinstance(prompt_ids, np.ndarray) else list(prompt_ids),
             completion_token_ids=list(sampled),
             completion_logprobs=logprobs,
-            policy_version=version,
+            weight_version=version,
             malformed=list(parsed.malformed),
         )
 
@@ -244,9 +244,7 @@ def _from_generate(data: Any):
         ids = list(choice["token_ids"])
         content = (choice.get("logprobs") or {}).get("content") or []
         logprobs = logprobs_or_none([c.get("logprob") for c in content], len(ids))
-        versions = choice.get("weight_versions") or []
-        version = versions[-1].get("version") if versions else None
-        return ids, logprobs, choice.get("finish_reason") or "stop", choice.get("stop_reason"), version
+        return ids, logprobs, choice.get("finish_reason") or "stop", choice.get("stop_reason"), weight_version(choice)
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise GatewayError("upstream_error", f"the upstream's generate answer has no token ids ({exc})") from None
 

@@ -17,7 +17,7 @@ One update (`VLLMWeights.load`):
   2. POST /collective_rpc         polar_reload_weights(weights_path=DIR) on every worker
   3. POST /reset_prefix_cache     KV blocks computed under the old weights must not serve new prompts
   4. POST /update_weight_version  /inference/v1/generate answers report it (`weight_versions`), so the
-                                  capture rows of token-faithful calls carry it
+                                  capture rows of token-faithful calls carry it (`weight_version`)
   5. POST /resume
 
 A failure on the way raises `WeightSyncError` and leaves vLLM paused: its weights may be half

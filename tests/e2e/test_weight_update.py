@@ -24,12 +24,12 @@ def test_pause_holds_calls_and_resume_stamps_the_policy_version(stack):
         assert not answers  # held, not refused
         assert stack.proxy.drain(timeout=1)  # nothing is being sampled while paused
     finally:
-        stack.proxy.resume_sampling("step-42")
+        stack.proxy.resume_sampling(42)
     caller.join(timeout=30)
     assert answers and answers[0].status_code == 200
     assert answers[0].json()["choices"][0]["message"]["content"] == "after the update"
     try:
         (row,) = stack.rows(session)
-        assert row["policy_version"] == "step-42"
+        assert row["policy_version"] == 42
     finally:
         stack.proxy.addon.gate.policy_version = None  # the shared stack's later tests see no version

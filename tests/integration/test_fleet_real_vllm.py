@@ -131,7 +131,7 @@ def test_a_policy_update_reaches_both_servers_and_every_row_after_resume_carries
         with FleetWeights(urls) as weights:  # the same checkpoint again, under a new name: the mechanics
             loaded = await asyncio.to_thread(weights.load, model_dir, 7)
             assert not loaded.failed and await asyncio.to_thread(weights.versions) == {u: "7" for u in urls}
-        gate.resume("7")
+        gate.resume(7)
         async with gate.sampling():  # opens once the fleet has asked every replica
             resumed_at.append(time.time())
 
@@ -139,8 +139,11 @@ def test_a_policy_update_reaches_both_servers_and_every_row_after_resume_carries
     before = [r for r in rows if r["t_start"] < resumed_at[0]]
     after = [r for r in rows if r["t_start"] > resumed_at[0]]
     assert len(before) == len(after) == SESSIONS * 2 and all(r["status"] == "ok" for r in rows)
-    assert {r["policy_version"] for r in before} != {"7"}
-    assert {r["policy_version"] for r in after} == {"7"} and {r["replica"] for r in after} == set(urls)
+    assert {r["policy_version"] for r in before} == {None}  # the gate had no version before
+    assert {r["policy_version"] for r in after} == {7} and {r["replica"] for r in after} == set(urls)
+    # vLLM's own label for its weights, kept apart: its placeholder before the update, the name given after
+    assert {r["weight_version"] for r in before if r["prompt_mode"].startswith("token-faithful")} == {"default"}
+    assert {r["weight_version"] for r in after} == {"7"}
 
 
 def test_a_frozen_server_stalls_its_calls_move_and_it_is_taken_back_in(pair, model_dir, tmp_path, request):

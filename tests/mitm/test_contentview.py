@@ -114,6 +114,7 @@ def test_tool_call_through_the_gateway_decodes_the_captured_tokens(stack):
     assert f"session     {session}  (1 call, 1 trajectory)" in lines
     assert f"trajectory  {session}#{row['id']} · prefix-merge · turn 1 of 1" in lines
     assert "finish      tool_calls" in lines
+    assert "versions    policy -, weights default" in lines  # no trainer's step given; the double's weight label
     assert f"tool call   read_file  ({call.id})" in lines
     assert "reasoning" in lines and "            Look at the file first." in lines
     assert "text        decoded with the served model's tokenizer" in lines

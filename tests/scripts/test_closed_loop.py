@@ -109,13 +109,13 @@ def test_two_steps_bump_the_version_move_the_logprobs_and_refuse_stale_sessions(
     for row in CaptureReader(config.out / "captures.db").calls():
         task = row["session_id"].split(".")[0]
         by_step[task.split("-")[-2] if task.startswith(loop.run_id) else task].add(row["policy_version"])
-    assert by_step["s001"] == {"0"} and by_step["s002"] == {"1"}, dict(by_step)
+    assert by_step["s001"] == {0} and by_step["s002"] == {1}, dict(by_step)
 
     # The staleness bound (1): two versions behind is refused, one behind runs, under the current version.
     assert [r.outcome for r in lates["late-v0"]] == ["stale", "stale"]
     assert all("submitted at policy version 0, now 2" in r.error for r in lates["late-v0"])
     assert [(r.outcome, r.policy_version) for r in lates["late-v1"]] == [("ok", 2)]
-    assert by_step["late-v1"] == {"2"} and "late-v0" not in by_step  # refused sessions made no call
+    assert by_step["late-v1"] == {2} and "late-v0" not in by_step  # refused sessions made no call
 
     data = write_report(config.out / "report.html", state=config.out / "rollout.db", captures=config.out / "captures.db")
     assert set(data.by_policy_version()) == {0, 1, 2}

@@ -52,7 +52,7 @@ class Recorder:
         mode: str = "token-faithful",
         logprobs: list[float] | None = None,
         metadata: dict | None = None,
-        policy: str | None = None,
+        policy: int | None = None,
         result: dict | None = None,
         provider: str = "test",
         no_logprobs: bool = False,

@@ -253,13 +253,13 @@ def test_a_partial_logprob_list_counts_as_missing(recorder):
 
 def test_policy_version_when_turns_agree(recorder):
     p1 = SYSTEM + [1]
-    recorder.call("s", p1, [11, 2], conversation("t", 0), policy="7")
-    recorder.call("s", p1 + [11, 2, 3], [12, 2], conversation("t", 1), policy="7")
-    recorder.call("other", p1, [11, 2], conversation("t", 0), policy="7")
-    recorder.call("other", p1 + [11, 2, 3], [12, 2], conversation("t", 1), policy="8")
+    recorder.call("s", p1, [11, 2], conversation("t", 0), policy=7)
+    recorder.call("s", p1 + [11, 2, 3], [12, 2], conversation("t", 1), policy=7)
+    recorder.call("other", p1, [11, 2], conversation("t", 0), policy=7)
+    recorder.call("other", p1 + [11, 2, 3], [12, 2], conversation("t", 1), policy=8)
     same, mixed = prefix_merge(recorder.rows())
-    assert same.policy_version == "7"
-    assert mixed.policy_version is None and [t.policy_version for t in mixed.turns] == ["7", "8"]
+    assert same.policy_version == 7
+    assert mixed.policy_version is None and [t.policy_version for t in mixed.turns] == [7, 8]
 
 
 def test_sessions_never_mix(recorder):

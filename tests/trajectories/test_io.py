@@ -21,8 +21,8 @@ SYSTEM = list(range(100, 140))
 def _session(recorder) -> list[Trajectory]:
     """A main line, a fork, a broken prefix and a failed tail: every optional field gets a value."""
     p1 = SYSTEM + [248045, 1]
-    recorder.call("s", p1, [11, 12, 248046], conversation("t ü", 0), policy="3")
-    recorder.call("s", p1 + [11, 12, 248046, 5], [13, 248046], conversation("t ü", 1), finish="length", policy="3")
+    recorder.call("s", p1, [11, 12, 248046], conversation("t ü", 0), policy=3)
+    recorder.call("s", p1 + [11, 12, 248046, 5], [13, 248046], conversation("t ü", 1), finish="length", policy=3)
     recorder.call("s", p1 + [11, 12, 248046, 6], [14, 248046], conversation("t ü", 1))  # fork
     recorder.call("s", p1 + [11, 99, 248046, 5, 13, 248046, 7], [15, 248046], conversation("t ü", 2))  # break
     recorder.fail("s", conversation("t ü", 3))
@@ -34,7 +34,7 @@ def _session(recorder) -> list[Trajectory]:
 
 def test_session_fixture_covers_the_optional_fields(recorder):
     main, fork, broken = _session(recorder)
-    assert fork.lineage and broken.prefix_break and broken.partial and main.truncated and main.policy_version == "3"
+    assert fork.lineage and broken.prefix_break and broken.partial and main.truncated and main.policy_version == 3
 
 
 def test_jsonl_round_trip(recorder, tmp_path):
@@ -65,6 +65,20 @@ def test_parquet_reads_with_pyarrow_alone(recorder, tmp_path):
     assert rows[0]["turns"][1]["finish_reason"] == "length" and json.loads(rows[0]["metadata"])["model"] == "test-model"
     # logprobs arrive from the store as float32: nothing is lost in the column
     assert rows[0]["logprobs"] == trajs[0].logprobs
+
+
+def test_policy_versions_are_ints_in_the_files_and_older_labels_read_as_none(recorder, tmp_path):
+    main = _session(recorder)[0]
+    write_parquet([main], tmp_path / "t.parquet")
+    (row,) = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert row["policy_version"] == 3 and [t["policy_version"] for t in row["turns"]] == [3, 3]
+    assert pq.read_schema(tmp_path / "t.parquet").field("policy_version").type == pa.int64()
+    # As a rollout state stored it before policy_version was an int: the step's digits, or vLLM's label
+    stored = json.loads(main.model_dump_json())
+    stored["policy_version"], stored["turns"][0]["policy_version"], stored["turns"][1]["policy_version"] = (
+        "3", "3", "default")
+    old = Trajectory.model_validate(stored)
+    assert old.policy_version == 3 and [t.policy_version for t in old.turns] == [3, None]
 
 
 def test_missing_logprobs_round_trip_as_nulls(recorder, tmp_path):

@@ -61,13 +61,13 @@ def test_sampling_resumes_only_on_replicas_serving_the_new_version_and_a_fixed_o
         gate.before_resume = fleet.adopt_version
         gate.pause()
         good.version = "5"  # the trainer's update reached one replica only
-        gate.resume("5")
+        gate.resume(5)
         assert not gate._open.is_set()  # not before every replica was asked
         async with asyncio.timeout(10):
             async with gate.sampling():
                 pass
         assert [r.up for r in fleet.replicas] == [True, False]
-        assert "serves policy version default" in fleet.replicas[1].last_error
+        assert "serves weight version default" in fleet.replicas[1].last_error
         for n in range(6):
             request = ChatRequest(model="m", messages=[Message(role="user", content=[TextPart(text=f"task {n}")])])
             result = await fleet.complete(request, f"c{n}", SessionView(SessionState(), [], f"s{n}"))
@@ -80,7 +80,7 @@ def test_sampling_resumes_only_on_replicas_serving_the_new_version_and_a_fixed_o
             await asyncio.sleep(0.05)
             if fleet.replicas[1].up:
                 break
-        assert fleet.replicas[1].up and fleet.replicas[1].policy_version == "5"
+        assert fleet.replicas[1].up and fleet.replicas[1].weight_version == "5"
         assert fleet.status()["replicas"][1]["readmitted"] == 1
         await fleet.aclose()
 
@@ -90,28 +90,42 @@ def test_sampling_resumes_only_on_replicas_serving_the_new_version_and_a_fixed_o
 
 def test_a_resume_cut_short_by_a_pause_checks_again_before_opening():
     async def scenario() -> None:
-        checks: list[str] = []
+        checks: list[int] = []
         release = asyncio.Event()
 
-        async def check(version: str) -> None:
+        async def check(version: int) -> None:
             checks.append(version)
             await release.wait()
 
         gate = SamplingGate()
         gate.before_resume = check
         gate.pause()
-        gate.resume("6")
+        gate.resume(6)
         await asyncio.sleep(0.05)
         gate.pause()  # the trainer changed its mind while the fleet was being asked
-        gate.resume("6")
+        gate.resume(6)
         await asyncio.sleep(0.05)
-        assert checks == ["6", "6"] and not gate._open.is_set()
+        assert checks == [6, 6] and not gate._open.is_set()
         release.set()
         async with asyncio.timeout(5):
             async with gate.sampling():
                 pass
         gate.pause()
-        gate.resume("6")  # checked already: opens at once
-        assert gate._open.is_set() and checks == ["6", "6"]
+        gate.resume(6)  # checked already: opens at once
+        assert gate._open.is_set() and checks == [6, 6]
+
+    asyncio.run(scenario())
+
+
+def test_the_gate_takes_the_trainers_step_as_an_int_only():
+    async def scenario() -> None:
+        gate = SamplingGate()
+        gate.pause()
+        for label in ("5", "step-42", 5.0, True):  # a label of the weights is no step: vLLM's goes to weight_version
+            with pytest.raises(TypeError, match="the trainer's step, an int"):
+                gate.resume(label)
+        assert not gate._open.is_set() and gate.policy_version is None
+        gate.resume(5)
+        assert gate._open.is_set() and gate.policy_version == 5
 
     asyncio.run(scenario())

@@ -11,9 +11,10 @@ stream ends with the provider's error, as with a single upstream. The result and
 replica (the capture row's `replica`), and a retried call's result names the replica that failed it.
 
 One policy version across the fleet: when the sampling gate resumes under a new version (gateway/gate.py),
-it opens only after `adopt_version` asked every replica which weights it serves (vLLM's /weight_info);
-one that serves another version, or does not answer, is taken out, and a probe takes it back only once it
-serves the fleet's version. So no call samples on older weights after a resume.
+it opens only after `adopt_version` asked every replica which weights it serves (vLLM's /weight_info, whose
+label the trainer's update set to the step: fleet/weights.py); one that serves other weights, or does not
+answer, is taken out, and a probe takes it back only once it serves the fleet's version. So no call samples
+on older weights after a resume.
 """
 
 from __future__ import annotations
@@ -46,22 +47,22 @@ class FleetBackend:
         self.router = Router(self.replicas, imbalance)
         self.prober = Prober(self.replicas, self._ready, probe_interval)
         self.probe_headers, self.probe_timeout = probe_headers or {}, probe_timeout
-        self.policy_version: str | None = None  # the version the fleet last resumed under
+        self.policy_version: int | None = None  # the trainer's step the fleet last resumed under
 
     # -- one policy version ----------------------------------------------------------------------
 
-    async def adopt_version(self, version: str) -> None:
+    async def adopt_version(self, version: int) -> None:
         """The gate resumes under `version`: every replica not serving it leaves the fleet until it does."""
         self.policy_version = version
         found = await asyncio.gather(*(weight_version(r.url, self.probe_timeout, self.probe_headers)
                                        for r in self.replicas))
         for replica, serves in zip(self.replicas, found, strict=True):
             if serves == NO_VERSION:  # cannot tell: the trainer's own update (fleet/weights.py) vouches for it
-                replica.policy_version = None
-            elif serves == version:
-                replica.policy_version = version
+                replica.weight_version = None
+            elif serves == str(version):
+                replica.weight_version = serves
             else:
-                why = "does not answer" if serves is None else f"serves policy version {serves}"
+                why = "does not answer" if serves is None else f"serves weight version {serves}"
                 if replica.take_out(f"{why}; the fleet resumed under policy version {version}"):
                     log.warning("replica %s taken out of the fleet: it %s, the fleet resumed under %s",
                                 replica.url, why, version)
@@ -74,8 +75,8 @@ class FleetBackend:
         if self.policy_version is None:
             return True
         serves = await weight_version(replica.url, self.probe_timeout, self.probe_headers)
-        if serves in (NO_VERSION, self.policy_version):
-            replica.policy_version = None if serves == NO_VERSION else serves
+        if serves in (NO_VERSION, str(self.policy_version)):
+            replica.weight_version = None if serves == NO_VERSION else serves
             return True
         return False
 

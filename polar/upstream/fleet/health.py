@@ -22,7 +22,7 @@ NO_VERSION = "no /weight_info"  # the server does not say which weights it serve
 
 
 async def weight_version(url: str, timeout: float, headers: dict[str, str] | None = None) -> str | None:
-    """The policy version the server serves (vLLM's /weight_info), NO_VERSION when it has no such endpoint,
+    """The label of the weights the server serves (vLLM's /weight_info), NO_VERSION when it has no such endpoint,
     None when it does not answer."""
     reply = await get(url, "/weight_info", timeout, headers)
     if reply is None:

@@ -32,7 +32,7 @@ class Replica:
     last_error: str | None = None  # kept after it came back, for diagnosis
     out_since: float | None = None
     readmitted: int = 0  # times a probe took it back in
-    policy_version: str | None = None  # the weights it serves, once a fleet update named them
+    weight_version: str | None = None  # its label for the weights it serves (/weight_info), once the fleet asked
     metrics: dict[str, float] = field(default_factory=dict)  # scraped from its /metrics (metrics.py)
 
     def take_out(self, err: GatewayError | str) -> bool:
@@ -58,7 +58,7 @@ class Replica:
     def status(self) -> dict[str, Any]:
         return {"url": self.url, "up": self.up, "in_flight": self.in_flight, "load_tokens": self.load,
                 "calls": self.calls, "failures": self.failures, "readmitted": self.readmitted,
-                "last_error": self.last_error, "out_since": self.out_since, "policy_version": self.policy_version,
+                "last_error": self.last_error, "out_since": self.out_since, "weight_version": self.weight_version,
                 **({"metrics": dict(self.metrics)} if self.metrics else {})}
 
 
