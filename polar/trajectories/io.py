@@ -91,7 +91,13 @@ def write_parquet(trajectories: Iterable[Trajectory], path: str | Path) -> int:
 
 
 def read_parquet(path: str | Path) -> Iterator[Trajectory]:
-    for row in pq.read_table(path, schema=SCHEMA).to_pylist():
+    try:
+        table = pq.read_table(path, schema=SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        # A file in an older layout (policy versions as text): its own columns, read through the model
+        # (a version's digits become the step, vLLM's label none).
+        table = pq.read_table(path)
+    for row in table.to_pylist():
         row["metadata"] = json.loads(row["metadata"]) if row["metadata"] else {}
         yield Trajectory.model_validate(row)
 

@@ -81,6 +81,24 @@ def test_policy_versions_are_ints_in_the_files_and_older_labels_read_as_none(rec
     assert old.policy_version == 3 and [t.policy_version for t in old.turns] == [3, None]
 
 
+def test_a_parquet_file_with_text_policy_versions_still_reads(recorder, tmp_path):
+    """Files written while policy_version was text (the step's digits, or vLLM's label) read as before."""
+    main = _session(recorder)[0]
+    write_parquet([main], tmp_path / "t.parquet")
+    table = pq.read_table(tmp_path / "t.parquet")
+    rows = table.to_pylist()
+    rows[0]["policy_version"] = "3"
+    rows[0]["turns"][0]["policy_version"], rows[0]["turns"][1]["policy_version"] = "3", "default"
+    old_schema = pa.schema([f.with_type(pa.string()) if f.name == "policy_version" else f for f in table.schema])
+    turns = old_schema.field("turns").type.value_type
+    old_turn = pa.struct([f.with_type(pa.string()) if f.name == "policy_version" else f for f in turns])
+    old_schema = old_schema.set(old_schema.get_field_index("turns"), pa.field("turns", pa.list_(old_turn)))
+    pq.write_table(pa.Table.from_pylist(rows, schema=old_schema), tmp_path / "old.parquet")
+    (read,) = read_parquet(tmp_path / "old.parquet")
+    assert read.policy_version == 3 and [t.policy_version for t in read.turns] == [3, None]
+    assert read.token_ids == main.token_ids and read.logprobs == main.logprobs
+
+
 def test_missing_logprobs_round_trip_as_nulls(recorder, tmp_path):
     p1 = SYSTEM + [1]
     recorder.call("s", p1, [11, 2], conversation("t", 0))
