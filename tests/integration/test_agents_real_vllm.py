@@ -153,6 +153,7 @@ def occurs(part: list[int], whole: list[int]) -> bool:
 def test_agent_first_calls_on_the_real_vllm(rollout, model_dir, tmp_path, name):
     from polar.capture.reader import CaptureReader
     from polar.rollout.tasks import Named, TaskSpec
+    from polar.sessions.state import REPEATED
 
     client, db, vllm_url = rollout
     marker = f"real-vllm-{name}-{uuid.uuid4().hex[:6]}"
@@ -182,6 +183,9 @@ def test_agent_first_calls_on_the_real_vllm(rollout, model_dir, tmp_path, name):
             # The first call, or one the harness sent again as it was (a retry after a junk answer): re-rendered,
             # exactly as vLLM renders it with the real template.
             assert row["prompt_ids"] == vllm_render(vllm_url, row), row["prompt_mode"]
+        elif REPEATED in row["prompt_mode"]:  # the same request sent again: the earlier call's prompt, as it was
+            (same,) = [r for r in calls[:i] if f"row {r['id']})" in row["prompt_mode"]]
+            assert row["prompt_ids"] == same["prompt_ids"]
         elif row["prompt_mode"].startswith("token-faithful"):  # that answer's sampled ids, as they were
             assert any(occurs(earlier["completion_ids"], row["prompt_ids"]) for earlier in calls[:i])
         else:
