@@ -30,6 +30,8 @@ TEMPLATE_SIGNS = {
     "deepseek-v3.1": ("<｜User｜>", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"),  # (it writes no tool list)
     "kimi-k2": ("<|im_system|>tool_declare<|im_middle|>", "<|tool_call_begin|>functions."),
     "minimax-m2": ("When making tool calls, use XML format", '<minimax:tool_call>\n<invoke name="'),
+    "glm-4.6": ("<|system|>\n# Tools", "</arg_value>\n</tool_call>"),
+    "gpt-oss": ("## functions\n\nnamespace functions {", " to=functions."),
 }
 
 
@@ -238,7 +240,8 @@ def stand_in_vocabulary(tokenizer_dir, tmp_path_factory) -> Path:
     from polar.doubles.family_writers import WRITERS
     from tests.support.stand_in import stand_in_dir
 
-    return stand_in_dir(tokenizer_dir, tmp_path_factory.mktemp("stand-in"), *WRITERS)
+    families = dict.fromkeys(writer.parser or name for name, writer in WRITERS.items())  # polar's parser names
+    return stand_in_dir(tokenizer_dir, tmp_path_factory.mktemp("stand-in"), *families)
 
 
 @pytest.fixture(scope="session")

@@ -106,8 +106,8 @@ def upstream_calls(transparent) -> int:
 
 
 # The families besides Qwen that the CLIs run on (labels of tests/conftest.py FAMILY_TEMPLATES), in the order CI
-# hands them to the CLIs: DeepSeek-V3.1 to Claude Code and pi, which ask to think (its template reasons only then).
-OTHER_FAMILIES = ("deepseek-v3.1", "llama-3.3", "minimax-m2", "kimi-k2")
+# hands them to the CLIs: DeepSeek-V3.1 to Claude Code, which asks to think (its template reasons only then).
+OTHER_FAMILIES = ("deepseek-v3.1", "llama-3.3", "minimax-m2", "kimi-k2", "glm-4.6", "gpt-oss")
 CLI_TEMPLATES = (*REAL_TEMPLATES, *OTHER_FAMILIES)
 
 
