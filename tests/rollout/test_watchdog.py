@@ -86,8 +86,9 @@ def test_stalled_repeating_and_over_budget_sessions_are_cut(stack, node_env):
     `looping`. A session whose sampled tokens reach its budget ends as `budget`."""
     babble = "I should read the file once more. " * 4
     stack.script(rules=[{"match": "BUDGET", "steps": [{"tool_calls": [READ_FOREVER]}]},
-                        {"match": "BABBLE", "steps": [{"content": "Let me see. " + babble, "tool_calls": [READ_FOREVER]},
-                                                      {"content": "Again.", "tool_calls": [FIX]}]}])
+                        # Babbling on every turn, under a harness that cannot end by itself: only the cut ends it (a
+                        # session that fixed the bug next could end before a poll on a loaded host).
+                        {"match": "BABBLE", "steps": [{"content": "Let me see. " + babble, "tool_calls": [READ_FOREVER]}]}])
     stall = TaskSpec(id="stall", instruction="x", timeout=60,
                      harness=Named(name="shell", options={"script": "echo made > made.txt; sleep 50"}),
                      evaluator=Named(name="test_output", options={"command": "test -f made.txt"}),
@@ -95,7 +96,7 @@ def test_stalled_repeating_and_over_budget_sessions_are_cut(stack, node_env):
     calc = load_tasks(TASKS / "tasks.jsonl")[0]
     budget = calc.model_copy(update={"id": "over-budget", "samples": 1, "instruction": "BUDGET", "harness": ENDLESS,
                                      "watchdog": WatchdogOptions(token_budget=1, poll_seconds=0.2)})
-    babbling = calc.model_copy(update={"id": "babble", "samples": 1, "instruction": "BABBLE",
+    babbling = calc.model_copy(update={"id": "babble", "samples": 1, "instruction": "BABBLE", "harness": ENDLESS,
                                        "watchdog": WatchdogOptions(repeated_text=3, stall_seconds=30)})
     stalled, spent, looped = run_sessions(node_env, [stall, budget, babbling], timeout=90, running_slots=3)
     assert (stalled.outcome, stalled.reward, stalled.cut["reason"]) == ("stalled", 1.0, "stalled"), stalled
