@@ -191,7 +191,8 @@ def test_rollout_status_shows_every_node_actor_s_fleet(local_ray, double_server,
         (db,) = tmp_path.glob(f"captures-{node['node']}.db")
         rows = list(CaptureReader(db).calls(with_tokens=False))
         failed_over = [r for r in rows if r["result"] and r["result"].get("failovers")]
-        assert sum(r["calls"] for r in node["fleet"]["replicas"]) == len(rows) + len(failed_over)
+        # A failed-over call counts on the dead replica too, unless the refusal came before it was counted there.
+        assert len(rows) <= sum(r["calls"] for r in node["fleet"]["replicas"]) <= len(rows) + len(failed_over)
         assert bool(failed_over) == (node["node"] in out_on)
         assert all(r["status"] == "ok" and r["replica"] == urls[0] for r in failed_over)
     # `polar report` reads every node's database as one run: each replica's share over all the nodes.
