@@ -20,6 +20,9 @@ from itertools import pairwise
 
 import pytest
 
+from polar.datasets.chat import chat_row
+from polar.datasets.select import Candidate
+from polar.rollout.tasks import SessionResult
 from polar.sessions.splice import KEPT, SPLICED
 from polar.trajectories.builders import prefix_merge
 from tests.support.scheduling import matrix_subset
@@ -163,6 +166,13 @@ def test_moving_context_and_stripped_ids_keep_every_sampled_turn(template_stack,
         text = stack.double.tokenizer.decode(last["prompt_ids"])
         positions = [text.find(runtime_context(n)) for n in range(CALLS)]
         assert -1 not in positions and positions == sorted(positions), positions
+        # its chat-format row holds the messages the model saw, in that order, the sampled turns marked
+        row = chat_row(Candidate(trajectory, SessionResult(session_id=session, task_id="claw", sample=0, outcome="ok")),
+                       {r["id"]: r for r in rows})
+        seen = ["system", "user"] + ["user", "assistant", "tool"] * (CALLS - 1) + ["user", "assistant"]
+        assert [m["role"] for m in row["messages"]] == seen
+        assert [m["content"] for m in row["messages"][2::3]] == [runtime_context(n) for n in range(CALLS)]
+        assert [m["train"] for m in row["messages"]] == [r == "assistant" for r in seen]
     print(json.dumps({"harness": "openclaw-like", "provider": provider, "template": stack.template,
                       "dropped_messages": dropped, "calls_extending_the_last": extend,
                       "sampled_tokens_reaching_later_prompts": carried, "trajectories": len(trajectories)}))
