@@ -1,0 +1,13 @@
+"""Llama-3's real vocabulary (Llama-3.3's) as a tokenizer directory in the cache: built once by
+scripts/build_llama3_vocab.py from Meta's `llama-models` package (a dev dependency), and checked there against that
+package's own encoder and llama.cpp's published ids. Never committed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support.built_vocab import built_vocab
+
+
+def llama3_vocab_dir() -> Path:
+    return built_vocab("llama3-vocab", "build_llama3_vocab.py")
