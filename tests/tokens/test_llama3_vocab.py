@@ -6,7 +6,9 @@ parser name. The families' tests run Llama-3.3 on it (`family_tokenizer`, tests/
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
+from polar.cli import main
 from polar.tokens.encoder import IdsEncoder
 from polar.tokens.template import ChatTemplate
 from tests.conftest import family_template
@@ -70,3 +72,11 @@ def test_families_run_llama3_on_it(tokenizer_dir, meta):
     tok = family_tokenizer(tokenizer_dir, "llama3_json")
     text = '<|python_tag|>{"name": "bash", "parameters": {"cmd": "ls -la ~/données"}}<|eom_id|>'
     assert tok.encode(text, add_special_tokens=False) == meta_ids(meta, text)
+
+
+def test_templates_check_continues_on_it():
+    """`polar templates check --tokenizer` on Llama-3.3's real template and vocabulary: a tool result continues a
+    sampled call."""
+    out = CliRunner().invoke(main, ["templates", "check", str(family_template("llama-3.3")),
+                                    "--tokenizer", str(llama3_vocab_dir())])
+    assert out.exit_code == 0 and "token-faithful: yes" in out.output, out.output
