@@ -29,5 +29,3 @@ fi
 export PATH="$VENV/bin:$PATH"
 # The tokenizer is a built artifact: generated on demand into the cache, never committed.
 "$VENV/bin/python" "$REPO/scripts/build_tiny_model.py" --tokenizer-only
-# Llama-3's real vocabulary, from Meta's llama-models package (a dev dependency): built and checked once, into the cache.
-"$VENV/bin/python" "$REPO/scripts/build_llama3_vocab.py" >/dev/null

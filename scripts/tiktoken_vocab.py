@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,26 +43,6 @@ def differences(hf, reference: Callable[[str], list[int]], texts: list[str]) -> 
 
 
 def main(doc: str, name: str, build: Callable[[Path], None]) -> None:
-    """Build into --out unless it holds a vocabulary already (--force: again): into a folder of its own, renamed into
-    place once checked, so a build cut off leaves nothing and one that loses a race to another keeps the other's."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", type=Path, default=default_out(name))
-    parser.add_argument("--force", action="store_true", help="build again over a vocabulary already there")
-    args = parser.parse_args()
-    out = args.out
-    if (out / "tokenizer.json").is_file() and not args.force:
-        print(f"{out}: built already")
-        return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f"{out.name}.", suffix=".partial", dir=out.parent))
-    try:
-        build(partial)
-        if args.force:
-            shutil.rmtree(out, ignore_errors=True)
-        try:
-            partial.rename(out)
-        except OSError:
-            if not (out / "tokenizer.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    build(parser.parse_args().out)

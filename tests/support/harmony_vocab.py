@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.built_vocab import built_vocab
-from tests.support.real_vllm import require_vllm_venv
 
 
 def harmony_vocab_dir() -> Path:
-    return built_vocab("gpt-oss-vocab", "build_harmony_vocab.py", require_vllm_venv)
+    return built_vocab("gpt-oss-vocab", "build_harmony_vocab.py")
