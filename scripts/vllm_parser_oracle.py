@@ -3,12 +3,10 @@
 Run with the real vLLM venv's Python (it imports vllm): reads a corpus JSON (a list of samples: family, vLLM tool and
 reasoning parser names, the special tokens the family's vocabulary carries, tools, text) and writes one result per
 sample: vLLM's reasoning, content and tool calls (name, arguments), or the error it raised. vLLM's parsers need a
-tokenizer object: the family's real vocabulary where one is given (--vocabulary FAMILY=DIR, polar's parser name), else
-the Qwen3.5 vocabulary plus the family's real special tokens stands in (the parsers look only their special tokens
-up in it).
+tokenizer object; where the family's real vocabulary is not at hand the Qwen3.5 vocabulary plus the family's real
+special tokens stands in (the parsers look only their special tokens up in it).
 
-    ~/.cache/polar/vllm-venv/bin/python scripts/vllm_parser_oracle.py CORPUS.json OUT.json --tokenizer DIR \
-        [--vocabulary llama3_json=DIR ...]
+    ~/.cache/polar/vllm-venv/bin/python scripts/vllm_parser_oracle.py CORPUS.json OUT.json --tokenizer DIR
 """
 
 from __future__ import annotations
@@ -26,10 +24,7 @@ def main() -> None:
     args.add_argument("corpus")
     args.add_argument("out")
     args.add_argument("--tokenizer", required=True, help="the base vocabulary (a Hugging Face tokenizer dir)")
-    args.add_argument("--vocabulary", action="append", default=[], metavar="FAMILY=DIR",
-                      help="a family's real vocabulary (a Hugging Face tokenizer dir)")
     opts = args.parse_args()
-    real = dict(v.split("=", 1) for v in opts.vocabulary)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     logging.disable(logging.WARNING)
     from transformers import AutoTokenizer
@@ -42,10 +37,6 @@ def main() -> None:
     out = []
     for sample in corpus:
         specials = tuple(sample["special_tokens"])
-        if sample["family"] in real:
-            specials = ("vocabulary", sample["family"])
-            if specials not in tokenizers:
-                tokenizers[specials] = AutoTokenizer.from_pretrained(real[sample["family"]])
         if sample["tool_parser"] == "mistral" and "[ARGS]" not in specials and specials not in tokenizers:
             tokenizers[specials] = _tekken()
         if specials not in tokenizers:

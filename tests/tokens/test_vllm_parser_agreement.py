@@ -2,9 +2,8 @@
 (tests/tokens/parser_corpus.py): the same tool calls, content and reasoning, streamed as parsed whole.
 
 vLLM's parsers run once for the whole corpus in the real vLLM venv (scripts/vllm_parser_oracle.py), cached by the
-corpus's hash in $POLAR_CACHE/oracle. Their tokenizer is the family's real vocabulary where a package ships it
-(tests/support/stand_in.py `REAL`), else a stand-in: the Qwen3.5 vocabulary plus the family's real special tokens
-(the parsers only look those up). The differences below are polar's choice, and
+corpus's hash in $POLAR_CACHE/oracle. Their tokenizer is a stand-in: the Qwen3.5 vocabulary plus the family's
+real special tokens (the parsers only look those up). The differences below are polar's choice, and
 docs/templates.md says why."""
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from polar.tokens.parsers import parse_turn
 from polar.tokens.stream_parse import TurnStream
 from tests.conftest import CACHE, REPO, family_template
 from tests.support.real_vllm import require_vllm_venv
-from tests.support.stand_in import REAL
 from tests.tokens.parser_corpus import CORPUS_TEMPLATES, as_json, build, corpus_hash
 
 ORACLE = REPO / "scripts" / "vllm_parser_oracle.py"
@@ -32,16 +30,14 @@ def corpus(tokenizer):
 
 @pytest.fixture(scope="module")
 def oracle(corpus, tokenizer_dir, tmp_path_factory):
-    families = sorted({s.family for s in corpus} & set(REAL))  # run on their real vocabularies
-    real = [f"--vocabulary={family}={REAL[family]()}" for family in families]
-    path = CACHE / "oracle" / f"vllm-parsers-{corpus_hash(corpus, ORACLE.read_text() + ' '.join(families))}.json"
+    path = CACHE / "oracle" / f"vllm-parsers-{corpus_hash(corpus, ORACLE.read_text())}.json"
     if not path.is_file():
         python = require_vllm_venv()
         source = tmp_path_factory.mktemp("oracle") / "corpus.json"
         source.write_text(as_json(corpus))
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
-        subprocess.run([str(python), str(ORACLE), str(source), str(partial), "--tokenizer", str(tokenizer_dir), *real],
+        subprocess.run([str(python), str(ORACLE), str(source), str(partial), "--tokenizer", str(tokenizer_dir)],
                        check=True, timeout=1200)
         partial.rename(path)
     return {r["id"]: r for r in json.loads(path.read_text())}
