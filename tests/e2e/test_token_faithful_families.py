@@ -156,3 +156,24 @@ def test_gpt_oss_takes_system_and_developer_messages_as_harmony_does(family, pro
         assert row["prompt_mode"].startswith("token-faithful"), row["prompt_mode"]
         assert row["prompt_ids"][: len(prev["prompt_ids"]) + len(prev["completion_ids"])] == (
             prev["prompt_ids"] + prev["completion_ids"])
+
+
+@pytest.mark.parametrize("family", ["deepseek-v3.1", "deepseek-v3.2", "deepseek-v4"], indirect=True)
+def test_deepseek_keeps_a_late_developer_item_where_it_was_sent(family):
+    """DeepSeek's templates write every system message into the system prompt at the start: a developer item Codex
+    sends mid-session would land before the ids already sampled (a full render) or nowhere (a continuation). It
+    reaches the model where it was sent, as a user turn in <system> tags (shaping.py); token-faithful throughout."""
+    stack, label = family, family.template
+    session = f"tf-dev-{label}-{uuid.uuid4().hex[:6]}"
+    stack.script(rules=[{"match": "[session:tf]", "steps": family_steps(label, True)}])
+    drive_responses(stack.url, session, True, 5, codex_like=True)
+    rows = stack.rows(session)
+    decode = stack.double.tokenizer.decode
+    first, later = decode(rows[0]["prompt_ids"]), decode(rows[-1]["prompt_ids"])
+    assert first.startswith("<｜begin▁of▁sentence｜>" + "\n\n".join([INSTRUCTIONS, *DEVELOPER_FIRST]))
+    late = f"<system>\n{DEVELOPER_LATER}\n</system>"  # V4 writes it in the user turn its tool results open
+    assert later.count(late) == 1 and later.index(late) > later.index("<｜end▁of▁sentence｜>") and late not in first
+    for prev, row in pairwise(rows):
+        assert row["prompt_mode"].startswith("token-faithful"), row["prompt_mode"]
+        assert row["prompt_ids"][: len(prev["prompt_ids"]) + len(prev["completion_ids"])] == (
+            prev["prompt_ids"] + prev["completion_ids"])
