@@ -180,6 +180,7 @@ def test_deepseek_keeps_a_late_developer_item_where_it_was_sent(family):
     assert first.startswith("<｜begin▁of▁sentence｜>" + "\n\n".join([INSTRUCTIONS, *DEVELOPER_FIRST]))
     late = f"<system>\n{DEVELOPER_LATER}\n</system>"  # V4 writes it in the user turn its tool results open
     assert later.count(late) == 1 and later.index(late) > later.index("<｜end▁of▁sentence｜>") and late not in first
+    assert "renders no system message in place after the start" in " | ".join(rows[-1]["rewrites"] or [])
     for prev, row in pairwise(rows):
         assert row["prompt_mode"].startswith("token-faithful"), row["prompt_mode"]
         assert row["prompt_ids"][: len(prev["prompt_ids"]) + len(prev["completion_ids"])] == (
