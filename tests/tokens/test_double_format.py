@@ -80,11 +80,13 @@ def test_template_switches_at_run_time(double_server, load):
 # The other families polar parses in token-faithful mode, on their real templates with DeepSeek's real vocabulary and
 # stand-ins for the rest (tests/support/stand_in.py). GLM is left out: token-faithful mode refuses it (no end-of-turn token after an answer).
 FAMILY_LABELS = {"llama-3.3": "llama3_json", "deepseek-v3.1": "deepseek_v31", "kimi-k2": "kimi_k2",
-                 "minimax-m2": "minimax_m2"}
+                 "minimax-m2": "minimax_m2", "deepseek-v3.2": "deepseek_dsml", "deepseek-v4": "deepseek_v4"}
 # Llama-3's answer is text or calls, one call a turn (its template refuses parallel calls).
 LLAMA_STEPS = [Step(content="", tool_calls=STEPS[0].tool_calls), STEPS[2]]
 # DeepSeek-V3.1 writes `<think></think>` for every earlier turn: its sampled reasoning never renders back.
 DROPS_REASONING = {"deepseek-v3.1"}
+# DeepSeek-V3.2 writes an earlier turn without thinking as `</think>` where its generation prompt wrote `<think></think>`.
+CLOSES_THINK_ALONE = {"deepseek-v3.2"}
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +130,7 @@ def test_family_sample_parses_and_renders_back(family_format, label, step, think
         (c["name"], c["arguments"]) for c in step.tool_calls]
     assert turn.content == step.content
     assert turn.reasoning == (step.reasoning if think_open else None)
-    assert think_open is (label == "minimax-m2" or (thinking and label == "deepseek-v3.1"))  # MiniMax always thinks
+    assert think_open is (label == "minimax-m2" or (thinking and label.startswith("deepseek")))  # MiniMax always thinks
     assert fmt.parse(sample, prompt, TOOLS)[1:] == (turn.content, [
         {"name": c.name, "arguments": c.arguments} for c in turn.tool_calls])  # the double's chat endpoint reads it so
     message = {"role": "assistant", "content": turn.content, "tool_calls": [
@@ -140,6 +142,8 @@ def test_family_sample_parses_and_renders_back(family_format, label, step, think
     if think_open and label in DROPS_REASONING:
         prompt, sample = prompt.removesuffix(fmt_think(fmt)), sample[sample.index("</think>") :]
         prompt += "<think>"
+    if not think_open and label in CLOSES_THINK_ALONE:
+        prompt = prompt.removesuffix("<think></think>") + "</think>"
     assert whole.startswith(prompt + sample + fmt.end_of_turn), (whole[len(prompt) :], sample)
     ids = ct.encode(sample + fmt.end_of_turn)
     assert ids[-1] == ct.end_of_turn_id and ct.decode(ids) == sample + fmt.end_of_turn

