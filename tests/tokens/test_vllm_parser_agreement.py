@@ -18,6 +18,7 @@ from polar.canonical import ReasoningDelta, TextDelta, ToolCallDelta
 from polar.tokens.parsers import parse_turn
 from polar.tokens.stream_parse import TurnStream
 from tests.conftest import CACHE, REPO, family_template
+from tests.support.llama3_vocab import llama3_vocab_dir
 from tests.support.real_vllm import require_vllm_venv
 from tests.support.stand_in import deepseek_vocabulary_dir
 from tests.tokens.parser_corpus import CORPUS_TEMPLATES, TURNS, as_json, build, corpus_hash, generation_prompt
@@ -27,7 +28,7 @@ ORACLE = REPO / "scripts" / "vllm_parser_oracle.py"
 
 def real_vocabularies():
     """The real vocabularies the corpus names (parser_corpus.REAL_VOCABULARY), as tokenizer dirs."""
-    return {"deepseek": deepseek_vocabulary_dir()}
+    return {"deepseek": deepseek_vocabulary_dir(), "llama3": llama3_vocab_dir()}
 
 
 @pytest.fixture(scope="module")
