@@ -42,7 +42,8 @@ pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and
 # label → the double's writer for it (family_writers.WRITERS)
 FAMILIES = {"llama-3.3": "llama3_json", "kimi-k2": "kimi_k2", "deepseek-v3.1": "deepseek_v31",
             "minimax-m2": "minimax_m2", "glm-4.6": "glm-4.5", "glm-4.7": "glm-4.7", "gpt-oss": "gpt-oss",
-            "nemotron-3-nano": "qwen3_xml"}  # Nemotron-3 writes Qwen3-Coder's calls
+            "nemotron-3-nano": "qwen3_xml",  # Nemotron-3 writes Qwen3-Coder's calls
+            "kimi-k2-instruct": "kimi_k2", "kimi-k2-thinking": "kimi_k2"}  # polar renders, vLLM's renderer cannot
 # What each family's sampled tool calls carry.
 CALL_SIGNS = {"llama3_json": '{"name": "', "kimi_k2": "<|tool_call_begin|>functions.",
               "deepseek_v31": "<｜tool▁call▁begin｜>", "minimax_m2": '<invoke name="', "glm-4.5": "</arg_value>\n</tool_call>",
@@ -55,7 +56,8 @@ SUBSET = {("llama-3.3", "openai_chat", False), ("llama-3.3", "anthropic", False)
           ("minimax-m2", "gemini", True), ("minimax-m2", "openai_responses", True),
           ("glm-4.6", "openai_chat", True), ("glm-4.7", "anthropic", True),
           ("gpt-oss", "openai_responses", True), ("gpt-oss", "gemini", False),
-          ("nemotron-3-nano", "anthropic", True)}
+          ("nemotron-3-nano", "anthropic", True),
+          ("kimi-k2-instruct", "anthropic", False), ("kimi-k2-thinking", "openai_chat", True)}
 
 
 def parser_of(writer: str) -> str:
