@@ -2,7 +2,9 @@
 
 `render` goes through `tokenizer.apply_chat_template` (transformers' own sandboxed Jinja), after
 the one rewrite vLLM applies to OpenAI messages first: tool-call `arguments` JSON text becomes an
-object. So `prompt_ids` is what vLLM's chat endpoint would feed the model.
+object. So `prompt_ids` is what vLLM's chat endpoint would feed the model. Where that renderer
+refuses a template for changing its own lists (Kimi-K2-Instruct's tool-call queue), polar renders
+it in jinja2's sandbox that allows it (sandbox.py), and `vllm_refusal` says so.
 
 `continuation` is the token-faithful part: the ids that follow an assistant turn the model sampled,
 built from the template's rendering of only the new messages. It renders a fixed two-message probe
