@@ -24,8 +24,12 @@ from tests.support.stand_in import family_dir
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("family", ["glm-4.6", "glm-4.7", "gpt-oss"], indirect=True)
-def test_family_rows_rerender_to_their_tokens(family, tokenizer_dir, tmp_path):  # noqa: F811 - the fixture
+# (template, the session's model calls, the stop its last turn ends on): an answer, or a call
+CASES = [("glm-4.6", 5, "<|user|>"), ("glm-4.7", 4, "<|observation|>"), ("gpt-oss", 5, "<|return|>")]
+
+
+@pytest.mark.parametrize("family,turns,stop", CASES, indirect=["family"])
+def test_family_rows_rerender_to_their_tokens(family, turns, stop, tokenizer_dir, tmp_path):  # noqa: F811 - fixture
     stack, label = family, family.template
     steps = family_steps(label, False)
     if label == "gpt-oss":  # its template writes text beside a call as analysis in a re-render (docs/templates.md)
@@ -33,7 +37,7 @@ def test_family_rows_rerender_to_their_tokens(family, tokenizer_dir, tmp_path): 
     stack.script(rules=[{"match": "[session:tf]", "steps": steps}])
     state = RolloutState(tmp_path / "rollout.db")
     task = f"{label}-{uuid.uuid4().hex[:6]}"
-    results = record(state, stack, task, lambda url, s: drive_chat(url, s, thinking=False, turns=4))
+    results = record(state, stack, task, lambda url, s: drive_chat(url, s, thinking=False, turns=turns))
     state.close()
     vocab = family_dir(tokenizer_dir, tmp_path / "vocab", parser_of(FAMILIES[label]))  # as the stack's own
     template = ChatTemplate.from_dir(vocab, family_template(label))
@@ -42,7 +46,6 @@ def test_family_rows_rerender_to_their_tokens(family, tokenizer_dir, tmp_path): 
                                          val_fraction=0.0, template=template, formats=("jsonl",),
                                          selection=Selection(include_truncated=True)), progress=False)
     trajectories = [t for r in results for t in r.trajectories]
-    assert len(trajectories) == 1 and len(trajectories[0].turns) == 4  # one token-faithful trajectory
-    last = template.decode(trajectories[0].token_ids[-1:])
-    assert last == {"glm-4.6": "<|observation|>", "glm-4.7": "<|observation|>", "gpt-oss": "<|call|>"}[label]
+    assert len(trajectories) == 1 and len(trajectories[0].turns) == turns  # one token-faithful trajectory
+    assert template.decode(trajectories[0].token_ids[-1:]) == stop
     assert result.stats["chat"]["rerender"] == {"checked": 1, "exact": 1, "mismatches": []}
