@@ -110,6 +110,23 @@ def test_family_session_is_token_faithful(family, provider, thinking):
     DRIVERS[provider](stack.url, session, thinking)
 
     rows = stack.rows(session)
+    assert_token_faithful(stack, rows)
+    decode = stack.double.tokenizer.decode
+    called = [decode(r["completion_ids"]) for r in rows if r["finish_reason"] == "tool_calls"]
+    assert len(called) >= 6 and all(CALL_SIGNS[writer] in text for text in called), called[:1]
+    assert [r["finish_reason"] for r in rows].count("length") == 1
+    own = WRITERS.get(writer)  # None: Qwen3-Coder's calls, as the double writes them for Qwen
+    first_stop = (own.call_end or own.end_of_turn) if own else "<|im_end|>"  # the first turn calls a tool
+    assert decode(rows[0]["completion_ids"]).endswith(first_stop)
+    reasons = (own.think_open or own.think_own[0] or own.think_message[0]) if own else "<think>"
+    if thinking and reasons:  # the reasoning the script gave reached the client's next prompt
+        assert "I should look at the code first." in decode(rows[1]["prompt_ids"])
+
+
+def assert_token_faithful(stack: Stack, rows: list[dict]) -> None:
+    """Every prompt after the first starts with the previous prompt + sampled ids (gpt-oss after a final answer:
+    those ids under harmony's history rule, twice in a session)."""
+    writer = FAMILIES[stack.template]
     assert len(rows) == TURNS and all(r["status"] == "ok" for r in rows), [(r["status"], r["error"]) for r in rows]
     assert rows[0]["prompt_mode"].startswith("re-render")
     ruled = 0
@@ -122,16 +139,6 @@ def test_family_session_is_token_faithful(family, provider, thinking):
             ruled += 1
         assert row["prompt_ids"][: len(full)] == full  # no sampled id re-encoded
     assert ruled == (2 if writer == "gpt-oss" else 0)  # the two final answers a user message follows
-    decode = stack.double.tokenizer.decode
-    called = [decode(r["completion_ids"]) for r in rows if r["finish_reason"] == "tool_calls"]
-    assert len(called) >= 6 and all(CALL_SIGNS[writer] in text for text in called), called[:1]
-    assert [r["finish_reason"] for r in rows].count("length") == 1
-    own = WRITERS.get(writer)  # None: Qwen3-Coder's calls, as the double writes them for Qwen
-    first_stop = (own.call_end or own.end_of_turn) if own else "<|im_end|>"  # the first turn calls a tool
-    assert decode(rows[0]["completion_ids"]).endswith(first_stop)
-    reasons = (own.think_open or own.think_own[0] or own.think_message[0]) if own else "<think>"
-    if thinking and reasons:  # the reasoning the script gave reached the client's next prompt
-        assert "I should look at the code first." in decode(rows[1]["prompt_ids"])
 
 
 @pytest.mark.parametrize("family", ["gpt-oss"], indirect=True)
