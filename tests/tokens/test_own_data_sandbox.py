@@ -22,12 +22,9 @@ SPECIAL = {"bos_token": "<s>", "eos_token": "</s>"}
 
 
 @pytest.mark.parametrize("label", sorted(set(FAMILY_TEMPLATES) - {"kimi-k2-instruct", "kimi-k2-thinking"}))
-def test_it_renders_what_transformers_renders(label, tokenizer_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+def test_it_renders_what_transformers_renders(label, tokenizer):
     text = family_template(label).read_text()
-    vllm, own = ChatTemplate(tok, text), ChatTemplate(tok, text)
+    vllm, own = ChatTemplate(tokenizer, text), ChatTemplate(tokenizer, text)
     own.vllm_refusal = "(this test: every render in jinja2's sandbox)"
     compared = 0
     for name in SHAPES:
@@ -51,7 +48,7 @@ MUTATES_INPUT = ("{% set _ = messages.append({'role': 'user', 'content': 'x'}) %
                  "{% set _ = tools[0].update({'type': 'changed'}) %}{{ messages | length }} {{ tools[0].type }}")
 
 
-def test_the_template_changes_only_its_own_copies(tokenizer_dir):
+def test_the_template_changes_only_its_own_copies():
     messages = [{"role": "user", "content": "hi"}]
     tools = [dict(TOOLS[0])]
     for _ in range(2):  # the second render sees fresh copies again
@@ -69,10 +66,8 @@ def test_every_other_sandbox_rule_stays(escape):
                                 None, SPECIAL) == ""
 
 
-def test_only_a_template_vllm_refuses_takes_it(tokenizer_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+def test_only_a_template_vllm_refuses_takes_it(tokenizer):
+    tok = tokenizer
     queue = "{% set ns = namespace(ids=[]) %}{% set _ = ns.ids.append(1) %}{{ ns.ids }}{{ messages[0].content }}"
     ct = ChatTemplate(tok, queue)
     assert ct.vllm_refusal is None and ct.render([{"role": "user", "content": "hi"}]) == "[1]hi"
