@@ -49,13 +49,17 @@ def check(file: str, tokenizer_dir: str | None, as_json: bool) -> None:
     family = detect(text)
     problem = token_faithful_problem(text, label)
     traits = {k: v for k, v in asdict(TemplateTraits.of(text, label)).items() if k != "label"}
+    refusal = traits["vllm_tool_call_error"]  # only jinja2's sandbox that lets it change its own lists renders it
+    vllm_note = (f"vLLM's chat endpoint cannot render a conversation holding a tool call with it ({refusal}): chat "
+                 f"mode refuses one" + ("; token-faithful mode renders it (polar renders, vLLM only samples ids)"
+                                        if problem is None else "")) if refusal else None
     if problem is None and tokenizer_dir:
         problem = _continuation_problem(tokenizer_dir, text, label)
     report = {
         "file": file, "family": family.name if family else None, "models": family.models if family else None,
         "vllm_tool_parser": family.tool_parser if family else None,
         "vllm_reasoning_parser": family.reasoning_parser if family else None,
-        "traits": traits, "token_faithful": problem is None, "why_not": problem,
+        "traits": traits, "vllm_chat": vllm_note, "token_faithful": problem is None, "why_not": problem,
     }  # fmt: skip
     if as_json:
         click.echo(json.dumps(report, ensure_ascii=False))
@@ -65,6 +69,8 @@ def check(file: str, tokenizer_dir: str | None, as_json: bool) -> None:
             click.echo(f"vLLM parsers: --tool-call-parser {family.tool_parser}"
                        + (f" --reasoning-parser {family.reasoning_parser}" if family.reasoning_parser else ""))
         click.echo("traits: " + ", ".join(f"{k}={v}" for k, v in traits.items() if v is not None))
+        if vllm_note:
+            click.echo(f"vLLM chat: {vllm_note}")
         click.echo("token-faithful: " + ("yes" if problem is None else f"no: {problem}"))
     raise SystemExit(0 if problem is None else 1)
 

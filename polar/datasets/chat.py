@@ -212,12 +212,19 @@ def load_chat(path: str, split: str = "train", **kwargs: Any):
 
 def rerender_mismatch(template, row: dict[str, Any], token_ids: list[int]) -> str | None:
     """None when the row, rendered by `template` (a polar.tokens.ChatTemplate), gives exactly
-    `token_ids` followed only by the template's closing of the last turn; else where it differs."""
+    `token_ids` followed only by the template's closing of the last turn; else where it differs.
+
+    The captured ids may go one id past the rendering when that id is one of the template's stop ids:
+    the sampled stop a turn ended on, which the rendering of the row's last message does not write
+    (GLM's model stops on the next turn's role token, `<|user|>` / `<|observation|>`, which vLLM
+    returns as the last sampled id; the next turn never came)."""
     parsed = parse_chat_row(row)
     text = template.render(parsed["messages"], parsed["tools"], add_generation_prompt=False,
                            enable_thinking=parsed["chat_template_kwargs"].get("enable_thinking"))
     ids = template.whole_encoder()(text)  # rows of one export share their system prompt and tools
     n = next((i for i, (a, b) in enumerate(zip(ids, token_ids)) if a != b), min(len(ids), len(token_ids)))
+    if n == len(ids) == len(token_ids) - 1 and token_ids[-1] in template.eos_token_ids:
+        return None
     if n < len(token_ids):
         got, want = template.decode(ids[n : n + 8]), template.decode(token_ids[n : n + 8])
         return f"differs at token {n} of {len(token_ids)}: rendered {got!r}, captured {want!r}"

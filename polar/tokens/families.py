@@ -92,8 +92,9 @@ def token_faithful_problem(template_text: str, label: str = "the chat template")
                 f"token-faithfully: {family.no_continuation}. Run chat mode (no tokenizer: vLLM renders and parses)")
     error = render_error(template_text)
     if error:
-        return (f"{label} is {family.name} ({family.models}), but transformers' renderer (vLLM's too) cannot "
-                f"render a tool-using exchange with it: {error}")
+        return (f"{label} is {family.name} ({family.models}), but polar cannot render a tool-using exchange with it "
+                f"(in transformers' renderer, vLLM's, nor in jinja2's sandbox that lets a template change its own "
+                f"lists): {error}")
     return None
 
 
@@ -106,19 +107,31 @@ _CHECK_MESSAGES = [
     {"role": "tool", "tool_call_id": "polarchk1", "content": "polar result"},
     {"role": "assistant", "content": "polar answer"},
 ]  # fmt: skip
+_CHECK_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
 
 
 def render_error(template_text: str) -> str | None:
-    """What the template raises on a tool-using exchange (None: it renders), as transformers (and vLLM) render."""
-    from transformers.utils.chat_template_utils import render_jinja_template
+    """What polar's renderer raises on a tool-using exchange (None: it renders): transformers' (vLLM's), or where
+    that one raises its sandbox's error, jinja2's sandbox that lets the template change its own lists (sandbox.py)."""
+    from polar.tokens.sandbox import SecurityError, render_with_own_data
 
+    refusal = vllm_refusal(template_text)
+    if refusal is None or not isinstance(refusal, SecurityError):
+        return None if refusal is None else f"{type(refusal).__name__}: {refusal}"
     try:
-        # vLLM renders with the tokenizer's special tokens defined (Mistral-Small-3.2's template writes eos_token)
-        render_jinja_template(conversations=[_CHECK_MESSAGES], tools=[_CHECK_TOOL], chat_template=template_text,
-                              add_generation_prompt=False, bos_token="<s>", eos_token="</s>")
-    except Exception as exc:  # noqa: BLE001 - a sandbox SecurityError, raise_exception(), undefined attributes
+        render_with_own_data(template_text, _CHECK_MESSAGES, [_CHECK_TOOL], _CHECK_TOKENS, add_generation_prompt=False)
+    except Exception as exc:  # noqa: BLE001 - as above
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def vllm_refusal(template_text: str) -> Exception | None:
+    """What transformers' renderer, the one vLLM's chat endpoint renders with, raises on a tool-using exchange."""
+    from polar.tokens.sandbox import vllm_render_error
+
+    # vLLM renders with the tokenizer's special tokens defined (Mistral-Small-3.2's template writes eos_token)
+    return vllm_render_error(template_text, _CHECK_MESSAGES, [_CHECK_TOOL], add_generation_prompt=False,
+                             **_CHECK_TOKENS)
 
 
 def require_token_faithful(template_text: str, label: str = "the chat template") -> Family:

@@ -52,6 +52,7 @@ from typing import Any
 
 from polar.canonical import ChatRequest, Message, TextPart, holds_image
 from polar.errors import GatewayError
+from polar.tokens.sandbox import SecurityError, render_with_own_data, vllm_render_error
 
 LATE_SYSTEM_OPEN, LATE_SYSTEM_CLOSE = "<system>\n", "\n</system>"
 _S = "polar-shape-probe-"  # sentinels: a probe counts a message as rendered only if its text shows
@@ -69,6 +70,9 @@ class TemplateTraits:
     tool_role: bool  # a tool message is rendered
     nine_char_call_ids: bool = False  # tool-call ids must be 9 alphanumerics (other ids raise)
     late_system_error: str | None = None  # what the template says when it refuses a late system message
+    # What vLLM's renderer raises on a conversation holding a tool call, where polar renders it (the template changes
+    # its own lists: polar/tokens/sandbox.py): chat mode cannot send one to vLLM, token-faithful mode runs
+    vllm_tool_call_error: str | None = None
     label: str = "the chat template"  # names the template in rewrite notes
 
     @classmethod
@@ -177,6 +181,7 @@ def _probe(text: str) -> dict[str, Any]:
                 {"role": "tool", "tool_call_id": call_id, "content": _S + "tool"}]
 
     any_id = _renders(text, tool_turn("probe-1"), "tool")[0]
+    vllm = vllm_render_error(text, tool_turn("probe0001"), None, add_generation_prompt=True)
     nine = not any_id and _renders(text, tool_turn("probe0001"), "tool")[0]
     return {
         "system_at_start": _renders(text, [_sys("first"), user], "first")[0],
@@ -187,6 +192,7 @@ def _probe(text: str) -> dict[str, Any]:
         "images": bool(with_image) and _S + "pic" in with_image and with_image != text_only,
         "tool_role": any_id or nine,
         "nine_char_call_ids": nine,
+        "vllm_tool_call_error": f"{type(vllm).__name__}: {vllm}" if isinstance(vllm, SecurityError) else None,
     }
 
 
@@ -201,10 +207,15 @@ def _renders(text: str, messages: list[dict], *names: str) -> tuple[bool, str | 
 
 
 def _render(text: str, messages: list[dict]) -> tuple[str | None, str | None]:
+    """As polar renders: transformers' renderer (vLLM's), or jinja2's sandbox where only that one renders."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     try:
-        rendered, _ = render_jinja_template(conversations=[messages], chat_template=text, add_generation_prompt=True)
+        try:
+            rendered, _ = render_jinja_template(conversations=[messages], chat_template=text,
+                                                add_generation_prompt=True)
+        except SecurityError:
+            return render_with_own_data(text, messages, None, {}, add_generation_prompt=True), None
     except Exception as exc:  # noqa: BLE001 - raise_exception(), TypeError on list content, undefined attributes
         return None, str(exc) or type(exc).__name__
     return rendered[0], None

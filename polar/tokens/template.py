@@ -2,7 +2,9 @@
 
 `render` goes through `tokenizer.apply_chat_template` (transformers' own sandboxed Jinja), after
 the one rewrite vLLM applies to OpenAI messages first: tool-call `arguments` JSON text becomes an
-object. So `prompt_ids` is what vLLM's chat endpoint would feed the model.
+object. So `prompt_ids` is what vLLM's chat endpoint would feed the model. Where that renderer
+refuses a template for changing its own lists (Kimi-K2-Instruct's tool-call queue), polar renders
+it in jinja2's sandbox that allows it (sandbox.py), and `vllm_refusal` says so.
 
 `continuation` is the token-faithful part: the ids that follow an assistant turn the model sampled,
 built from the template's rendering of only the new messages. It renders a fixed two-message probe
@@ -28,6 +30,7 @@ from polar.tokens.encoder import IdsEncoder, ids_encoder
 from polar.tokens.families import require_token_faithful
 from polar.tokens.messages import to_openai_messages
 from polar.tokens.parsers import THINK_END, THINK_START, ParsedTurn, family_for_template, parse_turn
+from polar.tokens.sandbox import SecurityError, render_with_own_data
 from polar.tokens.segments import SegmentIds
 from polar.tokens.shaping import TemplateTraits
 from polar.tokens.tool_json import install, openai_tool
@@ -95,6 +98,9 @@ class ChatTemplate:
         self._probes: dict[tuple[bool | None, int], _Probe] = {}
         self._generation_prompts: dict[bool | None, str] = {}
         self._whole: Callable[[str], list[int]] | None = None  # whole prompts' encoder (turn pieces reused)
+        # Why vLLM's chat endpoint cannot render what this template was asked to render (None: nothing yet);
+        # polar renders it in jinja2's sandbox that lets the template change its own lists (sandbox.py).
+        self.vllm_refusal: str | None = None
 
     @classmethod
     def from_dir(cls, path: str | Path, template_path: str | Path | None = None) -> ChatTemplate:
@@ -130,18 +136,28 @@ class ChatTemplate:
         if self.family == "harmony":
             rendered = harmony_turns.template_messages(rendered)
         try:
-            return self.tokenizer.apply_chat_template(
-                rendered,
-                tools=openai_tools(tools) or None,
-                chat_template=self.template_text,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=False,
-                **kwargs,
-            )
+            return self._render(rendered, openai_tools(tools) or None, add_generation_prompt=add_generation_prompt,
+                                **kwargs)
         except GatewayError:
             raise
         except Exception as exc:  # jinja's TemplateError, raise_exception(), TypeError on odd shapes
             raise GatewayError("invalid_request", f"the chat template cannot render these messages: {exc}") from None
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, **kwargs: Any) -> str:
+        """vLLM's renderer; where it raises its sandbox's error and jinja2's sandbox renders, that one from then
+        on (sandbox.py: the same text wherever both render)."""
+        if self.vllm_refusal is None:
+            try:
+                return self.tokenizer.apply_chat_template(messages, tools=tools, chat_template=self.template_text,
+                                                          tokenize=False, **kwargs)
+            except SecurityError as exc:
+                text = self._render_own(messages, tools, **kwargs)  # raises if this sandbox refuses it too
+                self.vllm_refusal = f"{type(exc).__name__}: {exc}"
+                return text
+        return self._render_own(messages, tools, **kwargs)
+
+    def _render_own(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, **kwargs: Any) -> str:
+        return render_with_own_data(self.template_text, messages, tools, self.tokenizer.special_tokens_map, **kwargs)
 
     def encode(self, text: str) -> list[int]:
         """Token ids for template text: no BOS/EOS added; special tokens written in the text map to their ids."""
@@ -219,6 +235,7 @@ class ChatTemplate:
         previous_ended_with_eos: bool,
         last_id: int | None = None,
         previous_calls: Sequence[str] = (),
+        calls_before: int = 0,
     ) -> Continuation:
         """Ids to append after a sampled assistant turn so the model sees the new messages next.
 
@@ -229,7 +246,8 @@ class ChatTemplate:
         joined by `last_id`, the last sampled id: when it is the role token the new messages start
         with, that token is the model's own and is not written again. When the template cannot render
         the new messages on their own, the result has `failure` set and no ids. `previous_calls`: the
-        names of the sampled turn's tool calls (gpt-oss's template names a tool result after them).
+        names of the sampled turn's tool calls (gpt-oss's template names a tool result after them);
+        `calls_before`: how many tool calls the conversation made before it (Kimi-K2-Instruct's counts them).
         """
         new = openai_messages(new_messages)
         if self.family == "harmony":
@@ -242,18 +260,22 @@ class ChatTemplate:
             probe = self._probe(enable_thinking, calls)
             messages = [*_probe_messages(calls), *new]
             rendered = self.render(messages, tools, True, enable_thinking)
+            text = self._after_probe(rendered, probe)
+            if _leaks_probe(text, new) and previous_calls:
+                # The template names a tool result after its call, counting the conversation's calls (Kimi-K2-
+                # Instruct, -Thinking: `functions.NAME:IDX`): the probe turn makes the sampled turn's own calls,
+                # after as many calls as the conversation made before it.
+                lead = _counted_probe(list(previous_calls), calls_before)
+                probe = self._measure_probe(enable_thinking, len(previous_calls), lead)
+                messages = [*lead, *new]
+                rendered = self.render(messages, tools, True, enable_thinking)
+                text = self._after_probe(rendered, probe)
         except _NoContinuation as exc:
             return Continuation.failed(str(exc))
         except GatewayError as exc:
             return Continuation.failed(f"the template cannot render the new messages on their own: {exc.message}")
-        # the last one: each probe call is named by the sentinel, and the tail may end the same way after every call
-        at = rendered.rfind(probe.tail, max(rendered.find(PROBE_USER), 0))
-        if at < 0:
-            return Continuation.failed(
-                "the template ends an assistant turn differently when messages follow it, so the sampled "
-                "end-of-turn tokens are not what a re-render would show"
-            )
-        text = rendered[at + len(PROBE_SENTINEL) + len(probe.calls) + len(probe.end_of_turn) :]
+        if _leaks_probe(text, new):
+            return Continuation.failed("the template renders the new messages from the sampled turn's own text")
         if not probe.end_of_turn:  # the next turn's role token is the stop token
             role = next((m for m in self._stop_markers() if text.startswith(m)), None)
             if role is None:
@@ -273,6 +295,16 @@ class ChatTemplate:
             rendered_messages=len(messages),
             rendered_chars=len(rendered),
         )
+
+    @staticmethod
+    def _after_probe(rendered: str, probe: _Probe) -> str:
+        """What the template rendered after the probe turn's end-of-turn marker."""
+        # the last one: each probe call is named by the sentinel, and the tail may end the same way after every call
+        at = rendered.rfind(probe.tail, max(rendered.find(PROBE_USER), 0))
+        if at < 0:
+            raise _NoContinuation("the template ends an assistant turn differently when messages follow it, so the "
+                                  "sampled end-of-turn tokens are not what a re-render would show")
+        return rendered[at + len(PROBE_SENTINEL) + len(probe.calls) + len(probe.end_of_turn) :]
 
     def _harmony_continuation(self, new: list[dict[str, Any]], tools, enable_thinking: bool | None,
                               calls: list[str], last_id: int | None) -> Continuation:
@@ -340,9 +372,9 @@ class ChatTemplate:
             self._probes[key] = self._measure_probe(enable_thinking, calls)
         return self._probes[key]
 
-    def _measure_probe(self, enable_thinking: bool | None, calls: int) -> _Probe:
+    def _measure_probe(self, enable_thinking: bool | None, calls: int, messages: list | None = None) -> _Probe:
         try:
-            rendered = self.render(_probe_messages(calls), None, False, enable_thinking)
+            rendered = self.render(messages or _probe_messages(calls), None, False, enable_thinking)
         except GatewayError as exc:
             raise _NoContinuation(f"the template cannot render a user/assistant exchange: {exc.message}") from None
         at = rendered.rfind(PROBE_SENTINEL)
@@ -423,6 +455,24 @@ def _probe_messages(calls: int = 0) -> list[dict[str, Any]]:
         assistant["tool_calls"] = [{"id": f"polarprb{i}", "type": "function",
                                     "function": {"name": PROBE_SENTINEL, "arguments": {}}} for i in range(1, calls + 1)]
     return [{"role": "user", "content": PROBE_USER}, assistant]
+
+
+def _leaks_probe(text: str, new: list[dict[str, Any]]) -> bool:
+    """The new messages' rendering writes the probe turn's own text (more sentinels than the messages carry)."""
+    return PROBE_SENTINEL in text and (  # the messages are only read when it shows (a harness quoting it)
+        text.count(PROBE_SENTINEL) > json.dumps(new, ensure_ascii=False, default=str).count(PROBE_SENTINEL))
+
+
+def _counted_probe(names: list[str], calls_before: int) -> list[dict[str, Any]]:
+    """The probe, its turn calling `names`, after `calls_before` calls and their results."""
+    def call(i: int, name: str) -> dict[str, Any]:
+        return {"id": f"polarprb{i}", "type": "function", "function": {"name": name, "arguments": {}}}
+    earlier = [call(i, "polar_probe_earlier") for i in range(calls_before)]
+    lead = [{"role": "user", "content": "polar probe: earlier calls"}, {"role": "assistant", "content": "",
+                                                                         "tool_calls": earlier},
+            *({"role": "tool", "tool_call_id": c["id"], "content": "polar probe"} for c in earlier)] if earlier else []
+    user, turn = _probe_messages(0)
+    return [*lead, user, {**turn, "tool_calls": [call(calls_before + i, n) for i, n in enumerate(names)]}]
 
 
 def generation_eos_ids(path: Path) -> list[int]:

@@ -107,6 +107,11 @@ class VLLMChat:
         return data["count"]
 
     async def chat_body(self, request: ChatRequest) -> dict[str, Any]:
+        traits = self.template_traits()
+        if traits and traits.vllm_tool_call_error and any(m.tool_calls for m in request.messages):
+            raise GatewayError("invalid_request", f"{traits.label} cannot be rendered by vLLM's chat endpoint once the "
+                               f"conversation holds a tool call ({traits.vllm_tool_call_error}); polar's token-faithful "
+                               "mode renders it (start polar with the model's tokenizer)")
         s = request.sampling
         body: dict[str, Any] = {
             "model": await self.model(),

@@ -111,11 +111,13 @@ class TokenFaithful:
         new = [m for msg in ext.new_messages for m in to_openai_messages(msg)]
         sampled_any = len(ext.turn.ids) > ext.turn.prompt_len
         ended_with_eos = sampled_any and ext.turn.ids.last() == self.template.end_of_turn_id
-        answer = request.messages[len(request.messages) - len(ext.new_messages) - 1]
+        at = len(request.messages) - len(ext.new_messages) - 1
+        answer = request.messages[at]
         cont = self.template.continuation(
             new, self._tools(request), request.thinking.enabled, previous_ended_with_eos=bool(ended_with_eos),
             last_id=int(ext.turn.ids.last()) if sampled_any else None,
             previous_calls=[call.name for call in answer.tool_calls or []],
+            calls_before=sum(len(m.tool_calls or []) for m in request.messages[:at]),
         )
         if cont.failure:
             return None, f"template cannot render the new messages alone: {cont.failure}"

@@ -43,7 +43,8 @@ pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and
 FAMILIES = {"llama-3.3": "llama3_json", "kimi-k2": "kimi_k2", "deepseek-v3.1": "deepseek_v31",
             "minimax-m2": "minimax_m2", "glm-4.6": "glm-4.5", "glm-4.7": "glm-4.7", "gpt-oss": "gpt-oss",
             "nemotron-3-nano": "qwen3_xml",  # Nemotron-3 writes Qwen3-Coder's calls
-            "deepseek-v3.2": "deepseek_dsml", "deepseek-v4": "deepseek_v4"}
+            "deepseek-v3.2": "deepseek_dsml", "deepseek-v4": "deepseek_v4",
+            "kimi-k2-instruct": "kimi_k2", "kimi-k2-thinking": "kimi_k2"}  # Kimi's two: polar renders, vLLM's renderer cannot
 # What each family's sampled tool calls carry.
 CALL_SIGNS = {"llama3_json": '{"name": "', "kimi_k2": "<|tool_call_begin|>functions.",
               "deepseek_v31": "<｜tool▁call▁begin｜>", "minimax_m2": '<invoke name="', "glm-4.5": "</arg_value>\n</tool_call>",
@@ -58,7 +59,8 @@ SUBSET = {("llama-3.3", "openai_chat", False), ("llama-3.3", "anthropic", False)
           ("glm-4.6", "openai_chat", True), ("glm-4.7", "anthropic", True),
           ("gpt-oss", "openai_responses", True), ("gpt-oss", "gemini", False),
           ("nemotron-3-nano", "anthropic", True),
-          ("deepseek-v3.2", "openai_responses", True), ("deepseek-v4", "gemini", True)}
+          ("deepseek-v3.2", "openai_responses", True), ("deepseek-v4", "gemini", True),
+          ("kimi-k2-instruct", "anthropic", False), ("kimi-k2-thinking", "openai_chat", True)}
 
 
 def parser_of(writer: str) -> str:

