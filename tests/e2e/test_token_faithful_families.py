@@ -32,6 +32,8 @@ from tests.e2e.sessions import (
     DEVELOPER_LATER,
     DRIVERS,
     INSTRUCTIONS,
+    TASK,
+    TOOLS,
     TURNS,
     drive_chat,
     drive_responses,
@@ -159,18 +161,66 @@ def test_gpt_oss_takes_system_and_developer_messages_as_harmony_does(family, pro
     """Codex's `instructions` and developer items (and a system prompt) become harmony's developer message, under
     `# Instructions`; a developer item mid-session, which the template would drop silently, reaches the model as a
     user turn in <system> tags (shaping.py); the session stays token-faithful."""
-    stack, label = family, family.template
-    session = f"tf-dev-{provider}-{uuid.uuid4().hex[:6]}"
-    stack.script(rules=[{"match": "[session:tf]", "steps": family_steps(label, True)}])
-    drive = {"openai_chat": drive_chat, "openai_responses": drive_responses}[provider]
-    drive(stack.url, session, True, 5, codex_like=True)
-    rows = stack.rows(session)
-    decode = stack.double.tokenizer.decode
-    first = decode(rows[0]["prompt_ids"])
+    first, later = codex_like_prompts(family, provider, True)
     assert ("<|start|>developer<|message|># Instructions\n\n" + "\n\n".join([INSTRUCTIONS, *DEVELOPER_FIRST])) in first
-    later = decode(rows[-1]["prompt_ids"])
     assert f"<|start|>user<|message|><system>\n{DEVELOPER_LATER}\n</system><|end|>" in later
+
+
+def extending_rows(stack: Stack, session: str, turns: int) -> list[dict]:
+    """The session's rows: every call ok, every later prompt the last prompt + sampled ids + more."""
+    rows = stack.rows(session)
+    assert len(rows) == turns and all(r["status"] == "ok" for r in rows), [(r["status"], r["error"]) for r in rows]
     for prev, row in pairwise(rows):
         assert row["prompt_mode"].startswith("token-faithful"), row["prompt_mode"]
         assert row["prompt_ids"][: len(prev["prompt_ids"]) + len(prev["completion_ids"])] == (
             prev["prompt_ids"] + prev["completion_ids"])
+    return rows
+
+
+def codex_like_prompts(stack: Stack, provider: str, thinking: bool) -> tuple[str, str]:
+    """Five turns sent as Codex sends them (`instructions`, developer items first and after a tool output), every
+    later prompt extending the last prompt + sampled ids; the first and the last prompt's text."""
+    session = f"tf-dev-{provider}-{uuid.uuid4().hex[:6]}"
+    stack.script(rules=[{"match": "[session:tf]", "steps": family_steps(stack.template, thinking)}])
+    drive = {"openai_chat": drive_chat, "openai_responses": drive_responses}[provider]
+    drive(stack.url, session, thinking, 5, codex_like=True)
+    rows = extending_rows(stack, session, 5)
+    decode = stack.double.tokenizer.decode
+    return decode(rows[0]["prompt_ids"]), decode(rows[-1]["prompt_ids"])
+
+
+@matrix_subset(lambda p: p["provider"] == "openai_responses")  # Codex's own API in CI
+@pytest.mark.parametrize("family", ["mistral-small-3.2"], indirect=True)
+@pytest.mark.parametrize("provider", ["openai_chat", "openai_responses"])
+def test_mistral_small_takes_codex_developer_items(family, provider):
+    """Codex's developer item after a tool output, which Mistral-Small-3.2's template refuses (roles must alternate),
+    reaches the model at the end of that tool result in <system> tags (shaping.py); the session stays token-faithful."""
+    _, last = codex_like_prompts(family, provider, False)
+    assert f"[TOOL_CONTENT]ok\n\n<system>\n{DEVELOPER_LATER}\n</system>[/TOOL_RESULTS]" in last
+    assert "\n\n".join([INSTRUCTIONS, *DEVELOPER_FIRST]) in last
+
+
+REMINDER = "<system-reminder>The todo list is empty.</system-reminder>"
+
+
+@pytest.mark.parametrize("family", ["mistral-small-3.2"], indirect=True)
+def test_mistral_small_takes_text_beside_tool_results(family):
+    """Claude Code sends text beside its tool results in one user message; Mistral-Small-3.2's template refuses a user
+    message right after a tool result, so it reaches the model at the end of the last result, in <user> tags
+    (shaping.py), and each later prompt extends the last prompt + sampled ids (Anthropic's SDK, four turns)."""
+    import anthropic
+
+    stack, session = family, f"tf-cc-{uuid.uuid4().hex[:6]}"
+    stack.script(rules=[{"match": "[session:tf]", "steps": family_steps(stack.template, False)}])
+    client = anthropic.Anthropic(base_url=stack.url, api_key="sk-ant", default_headers={"x-polar-session": session})
+    tools = [{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]} for t in TOOLS]
+    messages: list[dict] = [{"role": "user", "content": TASK}]
+    for _ in range(4):
+        msg = client.messages.create(model="claude-sonnet-4-5", max_tokens=400, tools=tools, messages=messages)
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in msg.content]})
+        messages.append({"role": "user", "content": [*({"type": "tool_result", "tool_use_id": b.id, "content": "ok"}
+                                                       for b in msg.content if b.type == "tool_use"),
+                                                     {"type": "text", "text": REMINDER}]})
+    rows = extending_rows(stack, session, 4)
+    last = stack.double.tokenizer.decode(rows[-1]["prompt_ids"])
+    assert last.count(f"[TOOL_CONTENT]ok\n\n<user>\n{REMINDER}\n</user>[/TOOL_RESULTS]") == 3  # one per calling turn
