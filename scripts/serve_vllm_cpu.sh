@@ -49,10 +49,20 @@ setsid "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
 pid=$!
 
 deadline=$((SECONDS + timeout))
+engine_seen=0  # the engine runs in a process of its own (titled VLLM::EngineCore) that the API server waits on
 until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
   if ! kill -0 "$pid" 2>/dev/null; then
     echo "vLLM exited during startup; last lines of $log:" >&2
     tail -n 40 "$log" >&2
+    exit 1
+  fi
+  if pgrep -s "$pid" -f '^VLLM::EngineCore' >/dev/null 2>&1; then
+    engine_seen=1
+  elif [ "$engine_seen" = 1 ]; then
+    # Killed (the OOM killer takes the biggest process): the API server may wait on it forever.
+    echo "vLLM's engine process died during startup (out of memory?); last lines of $log:" >&2
+    tail -n 40 "$log" >&2
+    kill -- -"$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
     exit 1
   fi
   if [ "$SECONDS" -ge "$deadline" ]; then

@@ -86,6 +86,12 @@ OPTIONS: tuple[Option, ...] = (
            "between stream chunks) before polar asks the server's health probe: no answer there either = it "
            "stalled (a fleet takes it out and retries a call its client saw nothing of); an answer = busy, the "
            "call waits on. 0 = off (only --upstream-timeout).", "backend", min=0),
+    Option("polar_dropped_messages", str, "splice", "A request that repeats an earlier answer after only part of "
+           "that call's messages (a harness moved or dropped the messages just before it): 'splice' = the model sees "
+           "what the harness sent, the answer's sampled ids spliced in, and the call starts its own trajectory; "
+           "'keep' = the dropped messages stay where the model saw them, so the call extends the last and the "
+           "session stays one trajectory (a runtime may set it per session: a harness's `dropped_messages`).",
+           "gateway", choices=("splice", "keep")),
     Option("polar_db", str, "captures.db", "SQLite file that receives one row per model call.", "writer", path=True),
     Option("polar_db_sync", str, "FULL", "SQLite synchronous mode for captures.", "writer", choices=("FULL", "NORMAL")),
     Option("polar_db_busy_timeout", int, 30, "Seconds a capture write waits for another process's lock on the "

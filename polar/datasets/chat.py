@@ -25,6 +25,7 @@ from polar.canonical import ChatRequest, ChatResult, ImagePart, Message, TextPar
 from polar.datasets.select import IDENTITY_COLUMNS, Candidate
 from polar.datasets.source import SourceError
 from polar.sessions.fingerprints import message_fingerprint
+from polar.sessions.splice import KEPT
 from polar.tokens.messages import to_openai_messages, to_openai_tools
 
 _TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
@@ -79,7 +80,7 @@ def conversation(c: Candidate, rows: dict[int, dict[str, Any]]) -> tuple[list[tu
         if previous is None:
             first, new = request, request.messages
         else:
-            new = _added_messages(previous, messages, request, i)
+            new = _added_messages(previous, messages, request, i, KEPT in (turn.prompt_mode or ""))
             if request.tools != first.tools or request.thinking.enabled != first.thinking.enabled:
                 raise ChatRowError("the tools or thinking mode changed mid-trajectory", f"turn {i} of {t.id}")
         messages += [(m, False) for m in new]
@@ -91,15 +92,21 @@ def conversation(c: Candidate, rows: dict[int, dict[str, Any]]) -> tuple[list[tu
 
 
 def _added_messages(previous: ChatRequest, so_far: list[tuple[Message, bool]], request: ChatRequest,
-                    index: int) -> list[Message]:
+                    index: int, kept_dropped: bool) -> list[Message]:
     """What `request` adds after the previous request and its answer (as the gateway's buffers
-    match a continuation: by what the model conditions on, not the client's serialisation)."""
+    match a continuation: by what the model conditions on, not the client's serialisation). A turn whose
+    prompt kept the messages the harness dropped before the answer (sessions/splice.py KEPT) adds what follows
+    the answer: the dropped ones are already in the conversation, where the model saw them."""
     n = len(previous.messages)
-    keys = [message_fingerprint(m) for m in request.messages[: n + 1]]
-    expected = [message_fingerprint(m) for m in previous.messages] + [message_fingerprint(so_far[-1][0])]
-    if len(request.messages) <= n or keys != expected:
-        raise ChatRowError("a turn's request does not continue the previous turn's conversation", f"turn {index}")
-    return request.messages[n + 1 :]
+    keys = [message_fingerprint(m) for m in request.messages]
+    earlier = [message_fingerprint(m) for m in previous.messages]
+    answer = message_fingerprint(so_far[-1][0])
+    if len(keys) > n and keys[: n + 1] == [*earlier, answer]:
+        return request.messages[n + 1 :]
+    kept = next((i for i, (a, b) in enumerate(zip(keys, earlier)) if a != b), min(len(keys), n))
+    if kept_dropped and kept < min(len(keys), n) and keys[kept] == answer:
+        return request.messages[kept + 1 :]
+    raise ChatRowError("a turn's request does not continue the previous turn's conversation", f"turn {index}")
 
 
 def openai_message(message: Message, train: bool) -> dict[str, Any]:

@@ -97,6 +97,7 @@ class Gateway:
         self.max_body_bytes = max_body_bytes
         self.model_aliases = model_aliases or []
         self.keepalive_s = keepalive_s  # silence on a stream after which the client gets a keep-alive
+        self.dropped_messages = "splice"  # polar_dropped_messages, unless a runtime set the session's own
 
     def size_caches(self, budgets: Budgets) -> None:
         """Size the per-session caches (capture/working_set.py) for as many sessions taking turns at once."""
@@ -238,7 +239,8 @@ class Gateway:
         session = await self.states.get(ident.session)  # rebuilt from the database off the loop when needed
         state.session, state.session_messages = session, session.messages
         state.keys = [message_fingerprint(m) for m in request.messages]
-        view = SessionView(session, state.keys, ident.session)
+        keep = (self.registry.dropped_messages(ident.session) or self.dropped_messages) == "keep"
+        view = SessionView(session, state.keys, ident.session, keep_dropped=keep)
         if request.stream:
             return await self._open_stream(route, parsed.context, request, call, state, view)
         async with self.gate.sampling():

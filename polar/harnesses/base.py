@@ -77,6 +77,9 @@ class Harness(ABC):
     version: str  # exact pin: the image tag and the captures depend on it
     provider: str  # the polar provider its model calls speak (capture rows' `provider`)
     model: str  # the model name it asks for; polar serves whatever the upstream serves under it
+    # What polar does when the harness drops messages just before an answer it repeats (config/options.py
+    # polar_dropped_messages): "keep" where its messages are snapshots it re-sends; None = the gateway's option.
+    dropped_messages: str | None = None
 
     # -- installation ---------------------------------------------------------------------------
 

@@ -7,8 +7,10 @@ is configured in a JSON config (`--config`), written at launch since it carries 
 (`update.checkOnStart`, OPENCLAW_NO_AUTO_UPDATE, CI); statistics are opt-in. Its state stays in its home.
 
 In its default configuration every request ends with a runtime-context user message that moves to the end
-on the next call, and tool-call ids come back with their punctuation stripped: polar keeps each sampled turn
-where it reappears (sessions/splice.py, sessions/fingerprints.py).
+on the next call, and tool-call ids come back with their punctuation stripped (sessions/fingerprints.py
+matches them). The moved message is a snapshot (OpenClaw's system prompt: the latest supersedes older ones), so
+its sessions keep the dropped copies where the model saw them (`dropped_messages="keep"`, sessions/splice.py):
+each call extends the last and a session is one trajectory.
 """
 
 from __future__ import annotations
@@ -79,4 +81,5 @@ class OpenClaw(Harness):
         return {"name": "exec", "arguments": {"command": cmd}}
 
 
-OPENCLAW = OpenClaw(name="openclaw", package="openclaw", version="2026.9.6", provider="openai_chat", model="polar-policy")
+OPENCLAW = OpenClaw(name="openclaw", package="openclaw", version="2026.9.6", provider="openai_chat", model="polar-policy",
+                    dropped_messages="keep")

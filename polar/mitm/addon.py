@@ -112,6 +112,7 @@ class GatewayAddon:
         opts = ctx.options
         gateway.max_body_bytes, gateway.model_aliases = opts.polar_max_body, list(opts.polar_model_aliases)
         gateway.keepalive_s = opts.polar_stream_keepalive
+        gateway.dropped_messages = opts.polar_dropped_messages
         gateway.size_caches(working_set.Budgets.for_sessions(opts.polar_hot_sessions))
 
     async def request(self, flow: http.HTTPFlow) -> None:

@@ -45,6 +45,8 @@ class SessionKeys(Protocol):
 
     def forget_key(self, key: str) -> None: ...
 
+    def set_dropped_messages(self, session: str, policy: str) -> None: ...
+
 
 @dataclass
 class NodeEnv:
@@ -199,6 +201,8 @@ class SessionPhases:
             for target, source in harness.host_files(ctx).items():
                 sandbox.copy_in(source, target)
             self.env.keys.register_key(ctx.api_key, spec.capture_id)
+            if harness.dropped_messages:
+                self.env.keys.set_dropped_messages(spec.capture_id, harness.dropped_messages)
             prepared.eval_prepared = evaluator.prepare(spec.task, runtime, ctx)
         except Exception:
             self._teardown(prepared)

@@ -50,13 +50,15 @@ HASHES_KEPT = 4096  # key hashes remembered (an HMAC a call otherwise)
 
 
 class SessionRegistry:
-    """Maps per-session API keys and client addresses to session ids (filled by runtimes)."""
+    """Maps per-session API keys and client addresses to session ids, and holds what a runtime says of how its
+    harness treats its history (`dropped_messages`, over the gateway's option), all filled by runtimes."""
 
     def __init__(self, salt: bytes | None = None):
         self._salt = salt or os.environ.get("POLAR_KEY_SALT", "").encode() or os.urandom(16)
         self._by_key: dict[str, str] = {}
         self._keys: dict[str, str] = {}  # key → session, in memory only: to re-hash under a new salt
         self._by_addr: dict[str, str] = {}
+        self._dropped: dict[str, str] = {}  # session → splice | keep (config/options.py polar_dropped_messages)
         self._lock = threading.Lock()
         self._hashes: dict[str, str] = {}  # key → its hash under the current salt: a session sends one key every call
 
@@ -91,7 +93,18 @@ class SessionRegistry:
     def forget_key(self, key: str) -> None:
         with self._lock:
             self._by_key.pop(self.hash_key(key), None)
-            self._keys.pop(key, None)
+            if (session := self._keys.pop(key, None)) is not None:
+                self._dropped.pop(session, None)
+
+    def set_dropped_messages(self, session: str, policy: str) -> None:
+        """How this session's harness drops messages is handled: splice | keep (forgotten with its key)."""
+        if policy not in ("splice", "keep"):
+            raise ValueError(f"dropped_messages is splice or keep, not {policy!r}")
+        with self._lock:
+            self._dropped[session] = policy
+
+    def dropped_messages(self, session: str) -> str | None:
+        return self._dropped.get(session)
 
     def resolve(self, path: str, headers: dict[str, str], client_addr: str | None) -> Identity:
         key = client_key(headers)

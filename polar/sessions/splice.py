@@ -14,6 +14,13 @@ The cut is found by counting turn markers (ChatML's `<|im_start|>`), and taken o
 the block before the cut must decode to exactly what the template renders there (so a grouped block,
 or a marker the model sampled, cannot shift it), and the turn's prompt must end with the generation
 prompt this request would get. Otherwise the request is re-rendered whole, as before.
+
+A spliced call's prompt is not the last call's sequence, so it starts a trajectory of its own. With
+`polar_dropped_messages=keep` (a runtime sets it per session for a harness that declares it) the earlier turn
+is extended whole instead: the dropped messages stay where the model saw them, every call extends the last and
+the session is one trajectory, each sampled turn in the context it was sampled in. The model then reads the
+earlier copies of a moved message too, so it is for messages a harness re-sends as snapshots (OpenClaw's
+runtime context, whose system prompt says the latest snapshot supersedes older ones).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from polar.tokens.messages import to_openai_messages
 from polar.tokens.template import ChatTemplate, openai_tools
 
 SPLICED = "kept the sampled ids of a turn the harness moved messages around"
+# polar_dropped_messages=keep: the earlier turn extended whole instead, the dropped messages left in place.
+KEPT = "kept the messages the harness dropped before a repeated answer where the model saw them"
 
 
 def splice(found: Reappearance, request: ChatRequest, template: ChatTemplate) -> tuple[Extension | None, str]:

@@ -185,6 +185,9 @@ class SessionView:
     state: SessionState
     keys: list[str]  # fingerprints of this request's messages, computed once
     session_id: str = ""  # the session's id: a fleet routes its calls by it (polar/upstream/fleet)
+    # A repeated answer after part of its call's messages extends that call whole: the messages the harness
+    # dropped stay where the model saw them (polar_dropped_messages=keep; sessions/splice.py otherwise).
+    keep_dropped: bool = False
 
     def extension(self, request: ChatRequest) -> tuple[Extension | None, str]:
         return self.state.extension(request, self.keys)

@@ -19,7 +19,7 @@ import numpy as np
 
 from polar.canonical import ChatRequest, ChatResult, Reasoning, Usage, holds_image
 from polar.errors import GatewayError
-from polar.sessions.splice import SPLICED, splice
+from polar.sessions.splice import KEPT, SPLICED, splice
 from polar.sessions.state import REPEATED, Extension, SessionView
 from polar.tokens.harmony_turns import HISTORY_RULE, apply_history_rule
 from polar.tokens.messages import to_openai_messages
@@ -86,9 +86,11 @@ class TokenFaithful:
             return np.concatenate(same.ids.head(same.prompt_len)), f"token-faithful ({REPEATED} {same.row})"
         spliced = ""
         if extension is None and session is not None and (found := session.reappearance(request)):
-            # a turn the harness moved messages around (renders the kept history: off the event loop)
-            extension, why = await asyncio.to_thread(splice, found, request, self.template)
-            reason, spliced = (f"{reason}; {why}", "") if extension is None else (reason, f" ({SPLICED})")
+            if session.keep_dropped:  # the turn extended whole: what the harness dropped stays in the model's view
+                extension, spliced = Extension(found.turn, found.new_messages), f" ({KEPT})"
+            else:  # a turn the harness moved messages around (renders the kept history: off the event loop)
+                extension, why = await asyncio.to_thread(splice, found, request, self.template)
+                reason, spliced = (f"{reason}; {why}", "") if extension is None else (reason, f" ({SPLICED})")
         if extension is not None:
             prompt_ids, mode = self._extend(extension, request)
             if prompt_ids is not None:

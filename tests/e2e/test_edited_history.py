@@ -5,7 +5,10 @@ OpenClaw in its default configuration (../shared/reference/harnesses.md) ends ev
 runtime-context user message that moves to the end on the next call, so no call extends the last; on
 Chat and Gemini it replays tool-call ids with non-alphanumerics stripped (`call_ab12` → `callab12`).
 Anthropic ids come back intact. The figures the issue asks for per harness: the share of calls that
-extend the last (none, here) and the share of sampled tokens that reach the later prompts unchanged (all).
+extend the last and the share of sampled tokens that reach the later prompts unchanged. Spliced (the
+gateway's default), no call extends the last and every call is its own trajectory; with the session's
+`dropped_messages` set to keep (what the OpenClaw shortcut declares), the moved messages stay where the
+model saw them, every call extends the last and the session is one trajectory.
 """
 
 from __future__ import annotations
@@ -17,7 +20,11 @@ from itertools import pairwise
 
 import pytest
 
-from polar.sessions.splice import SPLICED
+from polar.datasets.chat import chat_row
+from polar.datasets.select import Candidate
+from polar.rollout.tasks import SessionResult
+from polar.sessions.splice import KEPT, SPLICED
+from polar.trajectories.builders import prefix_merge
 from tests.support.scheduling import matrix_subset
 
 pytestmark = pytest.mark.slow  # outside scripts/test_fast: processes killed and restarted, or many started
@@ -128,9 +135,12 @@ def _qwen35_or_chat(params) -> bool:
 
 @matrix_subset(_qwen35_or_chat)
 @pytest.mark.parametrize("provider", list(DRIVERS))
-def test_moving_context_and_stripped_ids_keep_every_sampled_turn(template_stack, provider):
+@pytest.mark.parametrize("dropped", ["splice", "keep"])
+def test_moving_context_and_stripped_ids_keep_every_sampled_turn(template_stack, provider, dropped):
     stack = template_stack
-    session = f"claw-{stack.template}-{provider}-{uuid.uuid4().hex[:6]}"
+    session = f"claw-{stack.template}-{provider}-{dropped}-{uuid.uuid4().hex[:6]}"
+    if dropped == "keep":  # as a rollout node does for a harness declaring it (the gateway's option otherwise)
+        stack.proxy.addon.gateway.registry.set_dropped_messages(session, "keep")
     stack.script(rules=[{"match": "[runtime context]", "steps": STEPS}])
     DRIVERS[provider](stack.url, session)
 
@@ -138,14 +148,59 @@ def test_moving_context_and_stripped_ids_keep_every_sampled_turn(template_stack,
     assert len(rows) == CALLS and all(r["status"] == "ok" for r in rows), [(r["status"], r["error"]) for r in rows]
     stack.assert_served_with_template(rows)
     for row in rows[1:]:
-        assert row["prompt_mode"] == f"token-faithful ({SPLICED})", row["prompt_mode"]
+        assert row["prompt_mode"] == f"token-faithful ({SPLICED if dropped == 'splice' else KEPT})", row["prompt_mode"]
     for i, row in enumerate(rows[:-1]):
         for later in rows[i + 1:]:
             assert occurs(row["completion_ids"], later["prompt_ids"]), (i, later["id"])  # never re-encoded
     extend, carried = figures(rows)
-    assert (extend, carried) == (0.0, 1.0)
+    trajectories = prefix_merge(rows)
+    if dropped == "splice":
+        assert (extend, carried, len(trajectories)) == (0.0, 1.0, CALLS)
+    else:
+        assert (extend, carried, len(trajectories)) == (1.0, 1.0, 1)
+        (trajectory,) = trajectories
+        last = rows[-1]
+        assert trajectory.token_ids == last["prompt_ids"] + last["completion_ids"]
+        assert trajectory.sampled_ids() == [i for r in rows for i in r["completion_ids"]]
+        # every snapshot the harness sent is in the model's view, in the order it was sent
+        text = stack.double.tokenizer.decode(last["prompt_ids"])
+        positions = [text.find(runtime_context(n)) for n in range(CALLS)]
+        assert -1 not in positions and positions == sorted(positions), positions
+        # its chat-format row holds the messages the model saw, in that order, the sampled turns marked
+        row = chat_row(Candidate(trajectory, SessionResult(session_id=session, task_id="claw", sample=0, outcome="ok")),
+                       {r["id"]: r for r in rows})
+        seen = ["system", "user"] + ["user", "assistant", "tool"] * (CALLS - 1) + ["user", "assistant"]
+        assert [m["role"] for m in row["messages"]] == seen
+        assert [m["content"] for m in row["messages"][2::3]] == [runtime_context(n) for n in range(CALLS)]
+        assert [m["train"] for m in row["messages"]] == [r == "assistant" for r in seen]
     print(json.dumps({"harness": "openclaw-like", "provider": provider, "template": stack.template,
-                      "calls_extending_the_last": extend, "sampled_tokens_reaching_later_prompts": carried}))
+                      "dropped_messages": dropped, "calls_extending_the_last": extend,
+                      "sampled_tokens_reaching_later_prompts": carried, "trajectories": len(trajectories)}))
+
+
+def test_the_gateway_option_keeps_dropped_messages_unless_the_session_says_otherwise(stack):
+    """`--dropped-messages keep` for every session; a runtime's per-session setting wins over it."""
+    import asyncio
+
+    def set_option(value: str) -> None:
+        async def update() -> None:
+            stack.proxy.master.options.update(polar_dropped_messages=value)
+
+        asyncio.run_coroutine_threadsafe(update(), stack.proxy.master.event_loop).result(60)
+
+    stack.script(rules=[{"match": "[runtime context]", "steps": STEPS}])
+    set_option("keep")
+    try:
+        sessions = {policy: f"claw-option-{policy}-{uuid.uuid4().hex[:6]}" for policy in ("keep", "splice")}
+        stack.proxy.addon.gateway.registry.set_dropped_messages(sessions["splice"], "splice")
+        for session in sessions.values():
+            drive_chat(stack.url, session)
+    finally:
+        set_option("splice")
+    for policy, session in sessions.items():
+        rows = stack.rows(session)
+        assert [r["prompt_mode"] for r in rows[1:]] == [f"token-faithful ({KEPT if policy == 'keep' else SPLICED})"] * 2
+        assert len(prefix_merge(rows)) == (1 if policy == "keep" else CALLS)
 
 
 def test_stripped_ids_alone_still_extend(template_stack):

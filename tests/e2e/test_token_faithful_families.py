@@ -118,18 +118,7 @@ def test_family_session_is_token_faithful(family, provider, thinking):
     DRIVERS[provider](stack.url, session, thinking)
 
     rows = stack.rows(session)
-    assert len(rows) == TURNS and all(r["status"] == "ok" for r in rows), [(r["status"], r["error"]) for r in rows]
-    assert rows[0]["prompt_mode"].startswith("re-render")
-    ruled = 0
-    for prev, row in pairwise(rows):
-        assert row["prompt_mode"].startswith("token-faithful"), row["prompt_mode"]
-        full = prev["prompt_ids"] + prev["completion_ids"]
-        if HISTORY_RULE in row["prompt_mode"]:  # gpt-oss after a final answer: the earlier ids under the rule
-            assert writer == "gpt-oss" and prev["finish_reason"] == "stop"
-            full = apply_history_rule(np.array(full), stack.double.tokenizer).tolist()
-            ruled += 1
-        assert row["prompt_ids"][: len(full)] == full  # no sampled id re-encoded
-    assert ruled == (2 if writer == "gpt-oss" else 0)  # the two final answers a user message follows
+    assert_token_faithful(stack, rows)
     decode = stack.double.tokenizer.decode
     called = [decode(r["completion_ids"]) for r in rows if r["finish_reason"] == "tool_calls"]
     assert len(called) >= 6 and all(CALL_SIGNS[writer] in text for text in called), called[:1]
@@ -142,6 +131,24 @@ def test_family_session_is_token_faithful(family, provider, thinking):
         assert "I should look at the code first." in decode(rows[1]["prompt_ids"])
     if writer.startswith("mistral"):
         mistral_history(writer, decode(rows[-1]["prompt_ids"]))
+
+
+def assert_token_faithful(stack: Stack, rows: list[dict]) -> None:
+    """Every prompt after the first starts with the previous prompt + sampled ids (gpt-oss after a final answer:
+    those ids under harmony's history rule, twice in a session)."""
+    writer = FAMILIES[stack.template]
+    assert len(rows) == TURNS and all(r["status"] == "ok" for r in rows), [(r["status"], r["error"]) for r in rows]
+    assert rows[0]["prompt_mode"].startswith("re-render")
+    ruled = 0
+    for prev, row in pairwise(rows):
+        assert row["prompt_mode"].startswith("token-faithful"), row["prompt_mode"]
+        full = prev["prompt_ids"] + prev["completion_ids"]
+        if HISTORY_RULE in row["prompt_mode"]:  # gpt-oss after a final answer: the earlier ids under the rule
+            assert writer == "gpt-oss" and prev["finish_reason"] == "stop"
+            full = apply_history_rule(np.array(full), stack.double.tokenizer).tolist()
+            ruled += 1
+        assert row["prompt_ids"][: len(full)] == full  # no sampled id re-encoded
+    assert ruled == (2 if writer == "gpt-oss" else 0)  # the two final answers a user message follows
 
 
 def mistral_history(writer: str, last: str) -> None:

@@ -25,8 +25,9 @@ def test_each_option_rebuilds_only_its_part(tmp_path, tokenizer_dir, monkeypatch
         registry, gate, states = first.registry, addon.gate, first.states
         first.registry.register_key("sk-session-key", "s1")
 
-        tctx.configure(addon, polar_max_body=1234, polar_model_aliases=["alias"])
+        tctx.configure(addon, polar_max_body=1234, polar_model_aliases=["alias"], polar_dropped_messages="keep")
         assert addon.gateway is first and first.max_body_bytes == 1234 and first.model_aliases == ["alias"]
+        assert first.dropped_messages == "keep"
 
         tctx.configure(addon, polar_db_sync="NORMAL", polar_db_busy_timeout=2)
         assert addon.gateway is first and first.writer.synchronous == "NORMAL" and first.writer.busy_timeout == 2

@@ -33,6 +33,20 @@ def test_bound_clients_cannot_name_another_session():
     assert reg.resolve("/v1/messages", {"x-api-key": "k1"}, None).session.startswith("key-")
 
 
+def test_a_session_s_dropped_messages_policy_is_set_by_its_runtime_and_forgotten_with_its_key():
+    import pytest
+
+    reg = SessionRegistry(salt=b"x")
+    reg.register_key("k1", "one")
+    assert reg.dropped_messages("one") is None  # the gateway's option decides
+    reg.set_dropped_messages("one", "keep")
+    assert (reg.dropped_messages("one"), reg.dropped_messages("two")) == ("keep", None)
+    with pytest.raises(ValueError, match="splice or keep"):
+        reg.set_dropped_messages("one", "drop")
+    reg.forget_key("k1")
+    assert reg.dropped_messages("one") is None
+
+
 def test_secrets_are_hashed_and_redacted():
     reg = SessionRegistry(salt=b"x")
     ident = reg.resolve("/", {"x-goog-api-key": "AIza-secret"}, None)
