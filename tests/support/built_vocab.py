@@ -4,6 +4,7 @@ committed."""
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,12 +14,19 @@ from tests.support.real_vllm import require_vllm_venv
 
 
 def built_vocab(name: str, builder: str) -> Path:
-    """`$POLAR_CACHE/models/NAME`, made by scripts/BUILDER --out (into a partial folder first: a crash leaves none)."""
+    """`$POLAR_CACHE/models/NAME`, made by scripts/BUILDER --out (into a partial folder first: a crash leaves none),
+    by one test worker at a time (the others wait on the lock, then find it built)."""
     out = CACHE / "models" / name
-    if not (out / "tokenizer.json").is_file():
-        python = require_vllm_venv()
-        partial = out.with_name(out.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        subprocess.run([str(python), str(REPO / "scripts" / builder), "--out", str(partial)], check=True, timeout=900)
-        partial.rename(out)
+    if (out / "tokenizer.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "tokenizer.json").is_file():
+            python = require_vllm_venv()
+            partial = out.with_name(out.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            subprocess.run([str(python), str(REPO / "scripts" / builder), "--out", str(partial)], check=True,
+                           timeout=900)
+            partial.rename(out)
     return out
