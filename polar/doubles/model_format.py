@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from polar.doubles.family_writers import WRITERS, turns_sampled
+from polar.doubles.family_writers import WRITERS, turns_sampled, with_call_ids, writer_for
 from polar.doubles.script import ASSISTANT_OPEN, Step
 from polar.tokens.families import detect
 from polar.tokens.parsers import family_for_template, parse_turn
@@ -49,7 +49,7 @@ class ModelFormat:
         family = family_for_template(template_text)
         known = detect(template_text)
         if known is not None and known.name in WRITERS:  # a writer per template, where a family's templates differ
-            family = known.name
+            family = writer_for(known.name, template_text)
         if family == "plain" and known is None:
             family = "qwen3"  # a template with no tool syntax at all (the tests' toys): Qwen's JSON, as before
         if family not in WRITES:
@@ -97,6 +97,7 @@ class ModelFormat:
         mode = self.reasoning_mode(prompt_text)
         if self.family in WRITERS:
             writer = WRITERS[self.family]
+            step = with_call_ids(step, prompt_text) if writer.call_ids else step
             if mode == "open":
                 return (step.reasoning or "").strip("\n") + writer.think_close + writer.body(step)
             return writer.reasoning(step, prompt_text) + writer.body(step)
