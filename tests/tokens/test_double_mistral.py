@@ -104,7 +104,7 @@ def test_vllm_mistral_parser_reads_what_the_double_writes(mistral, tmp_path_fact
     same calls and text as polar's. One listed difference (docs/templates.md): vLLM 0.32's parser knows no `[CALL_ID]`,
     so it names Mistral-Small-3.2's calls `NAME[CALL_ID]ID` (no tool of that name) where polar reads the name and hands
     the model's id on."""
-    corpus = [Sample(f"double/{label}/{name}", label, "mistral", "mistral", "", SPECIAL_TOKENS["mistral"], False,
+    corpus = [Sample(f"double/{label}/{name}", label, "mistral", "mistral", "", SPECIAL_TOKENS["mistral"], "", False,
                      "stop", text, [[c["name"], c["arguments"]] for c in step.tool_calls], TOOLS, {})
               for label in LABELS for name, text, step in sampled(label, mistral)]
     oracle = vllm_results(corpus, tekken_vocab_dir(), tmp_path_factory.mktemp("oracle"), "vllm-mistral-double")
