@@ -12,8 +12,11 @@ a template measures polar, not the double:
   text; then `\\n\\n<｜DSML｜function_calls>\\n` (V4: `tool_calls`) with `<｜DSML｜invoke name="N">\\n` +
   `<｜DSML｜parameter name="K" string="true">V</｜DSML｜parameter>\\n` per argument (`string="false"` and JSON for a
   value that is no string; V4 writes `\\n` for no arguments) + `</｜DSML｜invoke>\\n` per call, and the closing tag.
-- Kimi-K2 (`kimi_k2`): text, then `<|tool_calls_section_begin|>` with `<|tool_call_begin|>functions.N:I`
-  `<|tool_call_argument_begin|>{json}<|tool_call_end|>` per call (I: its index in the turn).
+- Kimi-K2 (`kimi_k2`, `moonshotai-Kimi-K2`'s template): text, then `<|tool_calls_section_begin|>` with
+  `<|tool_call_begin|>functions.N:I<|tool_call_argument_begin|>{json}<|tool_call_end|>` per call (I: its index in the
+  turn). Kimi-K2-Instruct (`kimi_k2_instruct`) numbers the calls across the conversation (I: the calls its template
+  already wrote, counted in the prompt, then on); Kimi-K2-Thinking (`kimi_k2_thinking`) too, after its reasoning,
+  which the model opens itself: `<think>R</think>` (`<think></think>` with none; its template has no switch).
 - MiniMax-M2 (`minimax_m2`): after an open `<think>\\n` the reasoning, `\\n</think>\\n\\n`; text; then
   `\\n<minimax:tool_call>\\n<invoke name="N">\\n<parameter name="K">V</parameter>\\n…</invoke>\\n</minimax:tool_call>`.
 - GLM-4.6 (`glm-4.5`): after a bare `<|assistant|>` the model writes `\\n<think>R</think>` itself (`\\n<think></think>`
@@ -81,11 +84,11 @@ def _dsml(wrapper: str, empty: str) -> Callable[[Step], str]:
     return body
 
 
-def _kimi_k2(step: Step) -> str:
+def _kimi_k2(step: Step, first: int = 0) -> str:
     if not step.tool_calls:
         return step.content
     calls = "".join(f"<|tool_call_begin|>functions.{c['name']}:{i}<|tool_call_argument_begin|>"
-                    f"{_json(c.get('arguments'))}<|tool_call_end|>" for i, c in enumerate(step.tool_calls))
+                    f"{_json(c.get('arguments'))}<|tool_call_end|>" for i, c in enumerate(step.tool_calls, first))
     return f"{step.content}<|tool_calls_section_begin|>{calls}<|tool_calls_section_end|>"
 
 
@@ -134,7 +137,7 @@ def _harmony(step: Step) -> str:
 
 @dataclass(frozen=True)
 class Writer:
-    body: Callable[[Step], str]  # the text and the calls, after any reasoning
+    body: Callable[..., str]  # the text and the calls, after any reasoning (and the first call's number, `counts`)
     end_of_turn: str  # the stop token the model samples at the end of its turn
     turn_open: str  # what opens each assistant turn in a prompt ("" : `turn_close` counts the turns)
     think_open: str = ""  # a prompt ending so opened the reasoning block ("": the family writes none)
@@ -145,6 +148,12 @@ class Writer:
     think_own: tuple[str, str] = ("", "")  # what the model writes around its reasoning after a prompt that opens none
     think_off: str = ""  # a prompt ending so switched reasoning off (the model writes none)
     think_message: tuple[str, str] = ("", "")  # reasoning as a message of its own (harmony), and what opens the next
+    counts: str = ""  # a call's mark in the prompt: the turn's calls are numbered on from those the prompt holds
+    signs: tuple[str, ...] = ()  # what a template of this writer shows, beside its family's signs (a variant's)
+
+    def write(self, step: Step, prompt_text: str) -> str:
+        """The text and the calls, after any reasoning."""
+        return self.body(step, prompt_text.count(self.counts)) if self.counts else self.body(step)
 
     def stop(self, step: Step) -> str:
         return self.call_end if step.tool_calls and self.call_end else self.end_of_turn
@@ -154,7 +163,7 @@ class Writer:
         text = (step.reasoning or "").strip("\n")
         if self.think_message[0]:
             return f"{self.think_message[0]}{text}{self.think_message[1]}" if text else ""
-        if self.think_own[0] and not prompt_text.endswith(self.think_off):
+        if self.think_own[0] and not (self.think_off and prompt_text.endswith(self.think_off)):
             return f"{self.think_own[0]}{text}{self.think_own[1]}"
         return ""
 
@@ -169,6 +178,12 @@ WRITERS: dict[str, Writer] = {
     "deepseek_v4": Writer(_dsml("tool_calls", "\n"), "<｜end▁of▁sentence｜>", "", "<think>", "</think>",
                           turn_close=("<｜end▁of▁sentence｜>",)),
     "kimi_k2": Writer(_kimi_k2, "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>"),
+    # Kimi-K2-Instruct and -Thinking: the template's `tool_call_counter` numbers every call of the conversation
+    "kimi_k2_instruct": Writer(_kimi_k2, "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>", parser="kimi_k2",
+                               counts="<|tool_call_begin|>", signs=("tool_call_counter",)),
+    "kimi_k2_thinking": Writer(_kimi_k2, "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>", parser="kimi_k2",
+                               counts="<|tool_call_begin|>", signs=("tool_call_counter", "<think>{{rc}}</think>"),
+                               think_own=("<think>", "</think>")),
     "minimax_m2": Writer(_minimax_m2, "[e~[", "]~b]ai\n", "<think>\n", "\n</think>\n\n"),
     "glm-4.5": Writer(_glm46, "<|user|>", "<|assistant|>", parser="glm45", call_end="<|observation|>",
                       think_own=("\n<think>", "</think>"), think_off="<think></think>"),
@@ -178,6 +193,13 @@ WRITERS: dict[str, Writer] = {
                       turn_close=("<|call|>", "<|channel|>final<|message|>"),
                       think_message=("<|channel|>analysis<|message|>", "<|end|><|start|>assistant")),
 }
+
+
+def writer_for(family: str, template_text: str) -> str:
+    """The writer for a template of this family: the variant whose signs it shows most of, else the family's own."""
+    variants = [(len(w.signs), name) for name, w in WRITERS.items()
+                if w.signs and (w.parser or name) == family and all(s in template_text for s in w.signs)]
+    return max(variants)[1] if variants else family
 
 
 def turns_sampled(writer: Writer, prompt_text: str) -> int:

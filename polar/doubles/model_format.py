@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from polar.doubles.family_writers import WRITERS, turns_sampled
+from polar.doubles.family_writers import WRITERS, turns_sampled, writer_for
 from polar.doubles.script import ASSISTANT_OPEN, Step
 from polar.tokens.families import detect
 from polar.tokens.parsers import family_for_template, parse_turn
@@ -50,6 +50,7 @@ class ModelFormat:
         known = detect(template_text)
         if known is not None and known.name in WRITERS:  # a writer per template, where a family's templates differ
             family = known.name
+        family = writer_for(family, template_text)  # a family's templates whose models write differently (Kimi's)
         if family == "plain" and known is None:
             family = "qwen3"  # a template with no tool syntax at all (the tests' toys): Qwen's JSON, as before
         if family not in WRITES:
@@ -98,8 +99,8 @@ class ModelFormat:
         if self.family in WRITERS:
             writer = WRITERS[self.family]
             if mode == "open":
-                return (step.reasoning or "").strip("\n") + writer.think_close + writer.body(step)
-            return writer.reasoning(step, prompt_text) + writer.body(step)
+                return (step.reasoning or "").strip("\n") + writer.think_close + writer.write(step, prompt_text)
+            return writer.reasoning(step, prompt_text) + writer.write(step, prompt_text)
         out = ""
         if mode != "none":
             out += ("<think>\n" if mode == "own" else "") + (step.reasoning or "").strip("\n") + "\n</think>\n\n"
