@@ -29,6 +29,11 @@ a template measures polar, not the double:
   writes it, ` to=functions.N<|channel|>commentary json<|message|>{json}`, stopped by `<|call|>`; or the answer
   `<|channel|>final<|message|>TEXT`, stopped by `<|return|>`. Each later message opens with `<|start|>assistant`. A
   turn holds one call: the model stops at its `<|call|>`, so parallel calls are consecutive turns.
+- Mistral (`mistral`), no reasoning, no generation prompt (the turn follows `[/INST]` or `[/TOOL_RESULTS]`), ended by
+  `</s>`: Devstral-Small-2507, text then `[TOOL_CALLS]N[ARGS]{json}` per call; Mistral-Small-3.2 (`mistral-call-id`,
+  its template writes `[CALL_ID]`), text or calls (its template drops text beside calls), `[TOOL_CALLS]N[CALL_ID]ID
+  [ARGS]{json}` per call, ID 9 alphanumerics (the template refuses others) the model makes up: from the prompt and the
+  call's place, so each turn's differ.
 
 The double's chat endpoint reads these answers back with polar's own family parser (polar/tokens/formats/), standing
 in for vLLM's (tests/tokens/test_vllm_parser_agreement.py holds the two to the same answers).
@@ -36,8 +41,10 @@ in for vLLM's (tests/tokens/test_vllm_parser_agreement.py holds the two to the s
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+import string
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from polar.doubles.script import Step
@@ -135,6 +142,30 @@ def _harmony(step: Step) -> str:
     return f"{preamble} to=functions.{call['name']}<|channel|>commentary json<|message|>{_json(call.get('arguments'))}"
 
 
+def _mistral(step: Step) -> str:
+    return step.content + "".join(f"[TOOL_CALLS]{c['name']}[ARGS]{_json(c.get('arguments'))}" for c in step.tool_calls)
+
+
+def _mistral_call_id(step: Step) -> str:
+    if step.tool_calls and step.content:
+        raise ValueError("a Mistral-Small-3.2 answer is text or tool calls, never both (its template drops the text)")
+    return step.content or "".join(f"[TOOL_CALLS]{c['name']}[CALL_ID]{c['id']}[ARGS]{_json(c.get('arguments'))}"
+                                   for c in step.tool_calls)
+
+
+_ALNUM = string.ascii_letters + string.digits
+
+
+def with_call_ids(step: Step, prompt_text: str) -> Step:
+    """Each call an id of 9 alphanumerics, as Mistral-Small-3.2 writes them: one the script gives, else made from the
+    prompt and the call's place (unique per turn, the same for the same prompt)."""
+    calls = []
+    for i, call in enumerate(step.tool_calls):
+        digest = hashlib.sha256(f"{i}:{prompt_text}".encode()).digest()
+        calls.append({**call, "id": call.get("id") or "".join(_ALNUM[b % len(_ALNUM)] for b in digest[:9])})
+    return replace(step, tool_calls=calls)
+
+
 @dataclass(frozen=True)
 class Writer:
     body: Callable[..., str]  # the text and the calls, after any reasoning (and the first call's number, `counts`)
@@ -148,8 +179,9 @@ class Writer:
     think_own: tuple[str, str] = ("", "")  # what the model writes around its reasoning after a prompt that opens none
     think_off: str = ""  # a prompt ending so switched reasoning off (the model writes none)
     think_message: tuple[str, str] = ("", "")  # reasoning as a message of its own (harmony), and what opens the next
+    sign: str = ""  # what the template writes that picks this writer over its family's first one ("": none)
+    call_ids: bool = False  # the model writes each call's id (`with_call_ids` gives the step's calls theirs)
     counts: str = ""  # a call's mark in the prompt: the turn's calls are numbered on from those the prompt holds
-    signs: tuple[str, ...] = ()  # what a template of this writer shows, beside its family's signs (a variant's)
 
     def write(self, step: Step, prompt_text: str) -> str:
         """The text and the calls, after any reasoning."""
@@ -178,12 +210,13 @@ WRITERS: dict[str, Writer] = {
     "deepseek_v4": Writer(_dsml("tool_calls", "\n"), "<｜end▁of▁sentence｜>", "", "<think>", "</think>",
                           turn_close=("<｜end▁of▁sentence｜>",)),
     "kimi_k2": Writer(_kimi_k2, "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>"),
-    # Kimi-K2-Instruct and -Thinking: the template's `tool_call_counter` numbers every call of the conversation
-    "kimi_k2_instruct": Writer(_kimi_k2, "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>", parser="kimi_k2",
-                               counts="<|tool_call_begin|>", signs=("tool_call_counter",)),
+    # Kimi-K2-Thinking and -Instruct (in this order: Thinking's template has both signs): the template's
+    # `tool_call_counter` numbers every call of the conversation
     "kimi_k2_thinking": Writer(_kimi_k2, "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>", parser="kimi_k2",
-                               counts="<|tool_call_begin|>", signs=("tool_call_counter", "<think>{{rc}}</think>"),
+                               counts="<|tool_call_begin|>", sign="<think>{{rc}}</think>",
                                think_own=("<think>", "</think>")),
+    "kimi_k2_instruct": Writer(_kimi_k2, "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>", parser="kimi_k2",
+                               counts="<|tool_call_begin|>", sign="tool_call_counter"),
     "minimax_m2": Writer(_minimax_m2, "[e~[", "]~b]ai\n", "<think>\n", "\n</think>\n\n"),
     "glm-4.5": Writer(_glm46, "<|user|>", "<|assistant|>", parser="glm45", call_end="<|observation|>",
                       think_own=("\n<think>", "</think>"), think_off="<think></think>"),
@@ -192,14 +225,16 @@ WRITERS: dict[str, Writer] = {
     "gpt-oss": Writer(_harmony, "<|return|>", "", parser="harmony", call_end="<|call|>",
                       turn_close=("<|call|>", "<|channel|>final<|message|>"),
                       think_message=("<|channel|>analysis<|message|>", "<|end|><|start|>assistant")),
+    "mistral": Writer(_mistral, "</s>", "", turn_close=("</s>",)),
+    "mistral-call-id": Writer(_mistral_call_id, "</s>", "", turn_close=("</s>",), parser="mistral", sign="[CALL_ID]",
+                              call_ids=True),
 }
 
 
 def writer_for(family: str, template_text: str) -> str:
-    """The writer for a template of this family: the variant whose signs it shows most of, else the family's own."""
-    variants = [(len(w.signs), name) for name, w in WRITERS.items()
-                if w.signs and (w.parser or name) == family and all(s in template_text for s in w.signs)]
-    return max(variants)[1] if variants else family
+    """The writer of this template's family: the first whose `sign` the template writes, else the family's own."""
+    return next((name for name, w in WRITERS.items() if w.sign and (w.parser or name) == family
+                 and w.sign in template_text), family)
 
 
 def turns_sampled(writer: Writer, prompt_text: str) -> int:

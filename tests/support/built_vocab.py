@@ -4,9 +4,9 @@ encoder. Never committed."""
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,20 +15,18 @@ from tests.support.real_vllm import require_vllm_venv
 
 
 def built_vocab(name: str, builder: str, python: Callable[[], Path | str] = require_vllm_venv) -> Path:
-    """`$POLAR_CACHE/models/NAME`, made by `PYTHON scripts/BUILDER --out` into a folder of its own first and renamed
-    into place (a crash leaves none; a test worker that loses the race to another keeps the other's)."""
+    """`$POLAR_CACHE/models/NAME`, made by `PYTHON scripts/BUILDER --out` (into a partial folder first: a crash leaves
+    none), by one test worker at a time (the others wait on the lock, then find it built)."""
     out = CACHE / "models" / name
-    if not (out / "tokenizer.json").is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f"{name}.", suffix=".partial", dir=out.parent))
-        try:
-            subprocess.run([str(python()), str(REPO / "scripts" / builder), "--out", str(work / name)], check=True,
+    if (out / "tokenizer.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "tokenizer.json").is_file():
+            partial = out.with_name(out.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            subprocess.run([str(python()), str(REPO / "scripts" / builder), "--out", str(partial)], check=True,
                            timeout=900)
-            try:
-                (work / name).rename(out)
-            except OSError:
-                if not (out / "tokenizer.json").is_file():
-                    raise
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+            partial.rename(out)
     return out

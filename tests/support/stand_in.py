@@ -64,8 +64,16 @@ def _llama3_vocabulary_dir() -> Path:
     return llama3_vocab_dir()
 
 
-# polar's parser name -> the folder of the family's real vocabulary (Llama-3's: built from Meta's `llama-models`).
-REAL = {**dict.fromkeys(DEEPSEEK, deepseek_vocabulary_dir), "llama3_json": _llama3_vocabulary_dir}
+def _tekken_vocabulary_dir() -> Path:
+    from tests.support.tekken_vocab import tekken_vocab_dir  # mistral-common's tekken, [ARGS]/[CALL_ID] stand-ins
+
+    return tekken_vocab_dir()
+
+
+# polar's parser name -> the folder of the family's real vocabulary (Llama-3's: built from Meta's `llama-models`;
+# Mistral's: mistral-common's tekken with two control tokens standing in).
+REAL = {**dict.fromkeys(DEEPSEEK, deepseek_vocabulary_dir), "llama3_json": _llama3_vocabulary_dir,
+        "mistral": _tekken_vocabulary_dir}
 
 
 def family_tokenizer(tokenizer_dir: Path, family: str):

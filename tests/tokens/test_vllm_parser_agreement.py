@@ -45,10 +45,15 @@ def corpus(tokenizer, vocabularies):
 
 @pytest.fixture(scope="module")
 def oracle(corpus, tokenizer_dir, tmp_path_factory):
-    path = CACHE / "oracle" / f"vllm-parsers-{corpus_hash(corpus, ORACLE.read_text())}.json"
+    return vllm_results(corpus, tokenizer_dir, tmp_path_factory.mktemp("oracle"))
+
+
+def vllm_results(corpus, tokenizer_dir, workdir, name: str = "vllm-parsers") -> dict[str, dict]:
+    """sample id → what vLLM's parsers made of it (run once per corpus, cached by its hash)."""
+    path = CACHE / "oracle" / f"{name}-{corpus_hash(corpus, ORACLE.read_text())}.json"
     if not path.is_file():
         python = require_vllm_venv()
-        source = tmp_path_factory.mktemp("oracle") / "corpus.json"
+        source = workdir / "corpus.json"
         source.write_text(as_json(corpus))
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
