@@ -29,6 +29,7 @@ TEMPLATE_SIGNS = {
     "llama-3.3": ("Given the following functions, please respond with a JSON", '{"name": "'),
     "deepseek-v3.1": ("<｜User｜>", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"),  # (it writes no tool list)
     "kimi-k2": ("<|im_system|>tool_declare<|im_middle|>", "<|tool_call_begin|>functions."),
+    "kimi-k2-thinking": ("<|im_system|>tool_declare<|im_middle|>", "<|tool_call_begin|>functions."),
     "minimax-m2": ("When making tool calls, use XML format", '<minimax:tool_call>\n<invoke name="'),
     "glm-4.6": ("<|system|>\n# Tools", "</arg_value>\n</tool_call>"),
     "gpt-oss": ("## functions\n\nnamespace functions {", " to=functions."),

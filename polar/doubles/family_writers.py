@@ -12,8 +12,11 @@ a template measures polar, not the double:
   text; then `\\n\\n<｜DSML｜function_calls>\\n` (V4: `tool_calls`) with `<｜DSML｜invoke name="N">\\n` +
   `<｜DSML｜parameter name="K" string="true">V</｜DSML｜parameter>\\n` per argument (`string="false"` and JSON for a
   value that is no string; V4 writes `\\n` for no arguments) + `</｜DSML｜invoke>\\n` per call, and the closing tag.
-- Kimi-K2 (`kimi_k2`): text, then `<|tool_calls_section_begin|>` with `<|tool_call_begin|>functions.N:I`
-  `<|tool_call_argument_begin|>{json}<|tool_call_end|>` per call (I: its index in the turn).
+- Kimi-K2 (`kimi_k2`, `moonshotai-Kimi-K2`'s template): text, then `<|tool_calls_section_begin|>` with
+  `<|tool_call_begin|>functions.N:I<|tool_call_argument_begin|>{json}<|tool_call_end|>` per call (I: its index in the
+  turn). Kimi-K2-Instruct (`kimi_k2_instruct`) numbers the calls across the conversation (I: the calls its template
+  already wrote, counted in the prompt, then on); Kimi-K2-Thinking (`kimi_k2_thinking`) too, after its reasoning,
+  which the model opens itself: `<think>R</think>` (`<think></think>` with none; its template has no switch).
 - MiniMax-M2 (`minimax_m2`): after an open `<think>\\n` the reasoning, `\\n</think>\\n\\n`; text; then
   `\\n<minimax:tool_call>\\n<invoke name="N">\\n<parameter name="K">V</parameter>\\n…</invoke>\\n</minimax:tool_call>`.
 - GLM-4.6 (`glm-4.5`): after a bare `<|assistant|>` the model writes `\\n<think>R</think>` itself (`\\n<think></think>`
@@ -88,11 +91,11 @@ def _dsml(wrapper: str, empty: str) -> Callable[[Step], str]:
     return body
 
 
-def _kimi_k2(step: Step) -> str:
+def _kimi_k2(step: Step, first: int = 0) -> str:
     if not step.tool_calls:
         return step.content
     calls = "".join(f"<|tool_call_begin|>functions.{c['name']}:{i}<|tool_call_argument_begin|>"
-                    f"{_json(c.get('arguments'))}<|tool_call_end|>" for i, c in enumerate(step.tool_calls))
+                    f"{_json(c.get('arguments'))}<|tool_call_end|>" for i, c in enumerate(step.tool_calls, first))
     return f"{step.content}<|tool_calls_section_begin|>{calls}<|tool_calls_section_end|>"
 
 
@@ -165,7 +168,7 @@ def with_call_ids(step: Step, prompt_text: str) -> Step:
 
 @dataclass(frozen=True)
 class Writer:
-    body: Callable[[Step], str]  # the text and the calls, after any reasoning
+    body: Callable[..., str]  # the text and the calls, after any reasoning (and the first call's number, `counts`)
     end_of_turn: str  # the stop token the model samples at the end of its turn
     turn_open: str  # what opens each assistant turn in a prompt ("" : `turn_close` counts the turns)
     think_open: str = ""  # a prompt ending so opened the reasoning block ("": the family writes none)
@@ -178,6 +181,11 @@ class Writer:
     think_message: tuple[str, str] = ("", "")  # reasoning as a message of its own (harmony), and what opens the next
     sign: str = ""  # what the template writes that picks this writer over its family's first one ("": none)
     call_ids: bool = False  # the model writes each call's id (`with_call_ids` gives the step's calls theirs)
+    counts: str = ""  # a call's mark in the prompt: the turn's calls are numbered on from those the prompt holds
+
+    def write(self, step: Step, prompt_text: str) -> str:
+        """The text and the calls, after any reasoning."""
+        return self.body(step, prompt_text.count(self.counts)) if self.counts else self.body(step)
 
     def stop(self, step: Step) -> str:
         return self.call_end if step.tool_calls and self.call_end else self.end_of_turn
@@ -187,7 +195,7 @@ class Writer:
         text = (step.reasoning or "").strip("\n")
         if self.think_message[0]:
             return f"{self.think_message[0]}{text}{self.think_message[1]}" if text else ""
-        if self.think_own[0] and not prompt_text.endswith(self.think_off):
+        if self.think_own[0] and not (self.think_off and prompt_text.endswith(self.think_off)):
             return f"{self.think_own[0]}{text}{self.think_own[1]}"
         return ""
 
@@ -202,6 +210,13 @@ WRITERS: dict[str, Writer] = {
     "deepseek_v4": Writer(_dsml("tool_calls", "\n"), "<｜end▁of▁sentence｜>", "", "<think>", "</think>",
                           turn_close=("<｜end▁of▁sentence｜>",)),
     "kimi_k2": Writer(_kimi_k2, "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>"),
+    # Kimi-K2-Thinking and -Instruct (in this order: Thinking's template has both signs): the template's
+    # `tool_call_counter` numbers every call of the conversation
+    "kimi_k2_thinking": Writer(_kimi_k2, "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>", parser="kimi_k2",
+                               counts="<|tool_call_begin|>", sign="<think>{{rc}}</think>",
+                               think_own=("<think>", "</think>")),
+    "kimi_k2_instruct": Writer(_kimi_k2, "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>", parser="kimi_k2",
+                               counts="<|tool_call_begin|>", sign="tool_call_counter"),
     "minimax_m2": Writer(_minimax_m2, "[e~[", "]~b]ai\n", "<think>\n", "\n</think>\n\n"),
     "glm-4.5": Writer(_glm46, "<|user|>", "<|assistant|>", parser="glm45", call_end="<|observation|>",
                       think_own=("\n<think>", "</think>"), think_off="<think></think>"),
@@ -217,7 +232,7 @@ WRITERS: dict[str, Writer] = {
 
 
 def writer_for(family: str, template_text: str) -> str:
-    """The writer of this template's family: one whose `sign` the template writes, else the family's own."""
+    """The writer of this template's family: the first whose `sign` the template writes, else the family's own."""
     return next((name for name, w in WRITERS.items() if w.sign and (w.parser or name) == family
                  and w.sign in template_text), family)
 

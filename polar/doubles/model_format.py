@@ -49,7 +49,8 @@ class ModelFormat:
         family = family_for_template(template_text)
         known = detect(template_text)
         if known is not None and known.name in WRITERS:  # a writer per template, where a family's templates differ
-            family = writer_for(known.name, template_text)
+            family = known.name
+        family = writer_for(family, template_text)  # a family's templates whose models write differently
         if family == "plain" and known is None:
             family = "qwen3"  # a template with no tool syntax at all (the tests' toys): Qwen's JSON, as before
         if family not in WRITES:
@@ -99,8 +100,8 @@ class ModelFormat:
             writer = WRITERS[self.family]
             step = with_call_ids(step, prompt_text) if writer.call_ids else step
             if mode == "open":
-                return (step.reasoning or "").strip("\n") + writer.think_close + writer.body(step)
-            return writer.reasoning(step, prompt_text) + writer.body(step)
+                return (step.reasoning or "").strip("\n") + writer.think_close + writer.write(step, prompt_text)
+            return writer.reasoning(step, prompt_text) + writer.write(step, prompt_text)
         out = ""
         if mode != "none":
             out += ("<think>\n" if mode == "own" else "") + (step.reasoning or "").strip("\n") + "\n</think>\n\n"

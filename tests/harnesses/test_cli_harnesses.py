@@ -107,9 +107,10 @@ def upstream_calls(transparent) -> int:
 
 # The families besides Qwen that the CLIs run on (labels of tests/conftest.py FAMILY_TEMPLATES), in the order CI
 # hands them to the CLIs: DeepSeek-V3.1 to Claude Code, which asks to think (its template reasons only then). The
-# six CLIs never reach the last two in CI (DeepSeek-V3.2 and V4: the whole matrix only).
+# six CLIs never reach the last three in CI (DeepSeek-V3.2, V4, Kimi-K2-Thinking: the whole matrix only; append new
+# ones at the end, so that CI's subset stays).
 OTHER_FAMILIES = ("deepseek-v3.1", "llama-3.3", "minimax-m2", "kimi-k2", "glm-4.6", "gpt-oss", "deepseek-v3.2",
-                  "deepseek-v4")
+                  "deepseek-v4", "kimi-k2-thinking")
 CLI_TEMPLATES = (*REAL_TEMPLATES, *OTHER_FAMILIES)
 
 

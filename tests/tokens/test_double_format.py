@@ -80,7 +80,12 @@ def test_template_switches_at_run_time(double_server, load):
 # The other families polar parses in token-faithful mode, on their real templates with DeepSeek's real vocabulary and
 # stand-ins for the rest (tests/support/stand_in.py). GLM is left out: token-faithful mode refuses it (no end-of-turn token after an answer).
 FAMILY_LABELS = {"llama-3.3": "llama3_json", "deepseek-v3.1": "deepseek_v31", "kimi-k2": "kimi_k2",
-                 "minimax-m2": "minimax_m2", "deepseek-v3.2": "deepseek_dsml", "deepseek-v4": "deepseek_v4"}
+                 "minimax-m2": "minimax_m2", "deepseek-v3.2": "deepseek_dsml", "deepseek-v4": "deepseek_v4",
+                 "kimi-k2-instruct": "kimi_k2_instruct", "kimi-k2-thinking": "kimi_k2_thinking"}
+# Kimi-K2-Thinking's model opens its reasoning itself, thinking on or off (its template has no switch).
+WRITES_OWN_THINK = {"kimi-k2-thinking"}
+# Kimi-K2-Thinking writes `<think></think>` for a turn up to the last answer: an answer's reasoning never renders back.
+DROPS_ANSWER_REASONING = {"kimi-k2-thinking"}
 # Llama-3's answer is text or calls, one call a turn (its template refuses parallel calls).
 LLAMA_STEPS = [Step(content="", tool_calls=STEPS[0].tool_calls), STEPS[2]]
 # DeepSeek-V3.1 writes `<think></think>` for every earlier turn: its sampled reasoning never renders back.
@@ -99,7 +104,7 @@ def family_format(tokenizer_dir):
 
     def get(label: str) -> tuple[ChatTemplate, ModelFormat]:
         if label not in made:
-            text, family = family_template(label).read_text(), FAMILY_LABELS[label]
+            text, family = family_template(label).read_text(), parser_of(FAMILY_LABELS[label])
             tok = family_tokenizer(tokenizer_dir, family)
             ct = ChatTemplate(tok, text, eos_token_ids=[tok.convert_tokens_to_ids(END_TOKENS[family][0])], name=label)
             made[label] = ct, ModelFormat.for_template(text)
@@ -124,12 +129,12 @@ def test_family_sample_parses_and_renders_back(family_format, label, step, think
     prompt = ct.render(conversation, TOOLS, True, thinking)
     sample = fmt.completion(step, prompt)
     think_open = fmt.reasoning_mode(prompt) == "open"
-    turn = parse_turn(sample + fmt.end_of_turn, fmt.family, think_open=think_open, finish_reason="stop", tools=TOOLS)
+    turn = parse_turn(sample + fmt.end_of_turn, parser_of(fmt.family), think_open=think_open, finish_reason="stop", tools=TOOLS)
     assert not turn.malformed
     assert [(c.name, json.loads(c.arguments)) for c in turn.tool_calls] == [
         (c["name"], c["arguments"]) for c in step.tool_calls]
     assert turn.content == step.content
-    assert turn.reasoning == (step.reasoning if think_open else None)
+    assert turn.reasoning == (step.reasoning if think_open or label in WRITES_OWN_THINK else None)
     assert think_open is (label == "minimax-m2" or (thinking and label.startswith("deepseek")))  # MiniMax always thinks
     assert fmt.parse(sample, prompt, TOOLS)[1:] == (turn.content, [
         {"name": c.name, "arguments": c.arguments} for c in turn.tool_calls])  # the double's chat endpoint reads it so
@@ -144,6 +149,8 @@ def test_family_sample_parses_and_renders_back(family_format, label, step, think
         prompt += "<think>"
     if not think_open and label in CLOSES_THINK_ALONE:
         prompt = prompt.removesuffix("<think></think>") + "</think>"
+    if label in DROPS_ANSWER_REASONING and not step.tool_calls:
+        sample = "<think></think>" + sample.removeprefix(f"<think>{step.reasoning}</think>")
     assert whole.startswith(prompt + sample + fmt.end_of_turn), (whole[len(prompt) :], sample)
     ids = ct.encode(sample + fmt.end_of_turn)
     assert ids[-1] == ct.end_of_turn_id and ct.decode(ids) == sample + fmt.end_of_turn
@@ -153,6 +160,39 @@ def fmt_think(fmt: ModelFormat) -> str:
     from polar.doubles.family_writers import WRITERS
 
     return WRITERS[fmt.family].think_open
+
+
+def parser_of(writer: str) -> str:
+    from polar.doubles.family_writers import WRITERS
+
+    return WRITERS[writer].parser or writer
+
+
+@pytest.mark.parametrize("label", ["kimi-k2", "kimi-k2-instruct", "kimi-k2-thinking"])
+def test_kimi_numbers_calls_as_its_template_does(family_format, label):
+    """After a turn of one call and its result, the double's next calls are `functions.run:1` and `:2` on
+    Kimi-K2-Instruct and -Thinking (their templates count every call of the conversation, as the model goes on
+    doing), `:0` and `:1` on `moonshotai-Kimi-K2` (a turn's own index); the real template renders that conversation
+    back as exactly the prompt, the sample and its end of turn."""
+    ct, fmt = family_format(label)
+    first = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c0", "type": "function", "function": {"name": "run", "arguments": {"cmd": "pytest -q"}}}]}
+    if label in WRITES_OWN_THINK:
+        first["reasoning_content"] = "Run them."
+    conversation = [*CONVERSATION, first, {"role": "tool", "tool_call_id": "functions.run:0", "content": "ok"}]
+    prompt = ct.render(conversation, TOOLS, True, True)
+    sample = fmt.completion(STEPS[1], prompt)
+    numbers = (1, 2) if label != "kimi-k2" else (0, 1)
+    assert [f"functions.run:{n}<|tool_call_argument_begin|>" in sample for n in numbers] == [True, True], sample
+    assert sample.startswith("<think>Two at once.</think>Checking both.") is (label in WRITES_OWN_THINK)
+    reasoning, content, calls = fmt.parse(sample, prompt, TOOLS)
+    message = {"role": "assistant", "content": content, "tool_calls": [
+        {"id": f"c{i}", "type": "function", "function": {"name": c["name"], "arguments": json.loads(c["arguments"])}}
+        for i, c in enumerate(calls, 1)]}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    whole = ct.render([*conversation, message], TOOLS, False, True)
+    assert whole == prompt + sample + fmt.end_of_turn
 
 
 def test_double_answers_a_family_chat_call(tokenizer_dir, tmp_path):
