@@ -265,13 +265,15 @@ def real_vocabulary(tokenizer_dir, tmp_path_factory):
 
 def _vocabulary(request, label: str) -> Path | None:
     """The vocabulary a template's stack runs on: Qwen's own, a family's real one where a registry package ships
-    it (DeepSeek, Llama-3), else the stand-in."""
+    it (`REAL` in tests/support/stand_in.py: DeepSeek, Llama-3, Mistral, gpt-oss), else the stand-in."""
+    from polar.doubles.family_writers import WRITERS
     from polar.doubles.model_format import ModelFormat
     from tests.support.stand_in import REAL
 
     if not stand_in_needed(label):
         return None
-    family = ModelFormat.for_template(template_file(label).read_text()).family
+    writer = ModelFormat.for_template(template_file(label).read_text()).family
+    family = WRITERS[writer].parser or writer if writer in WRITERS else writer  # polar's parser name, as REAL's keys
     if family in REAL:
         return request.getfixturevalue("real_vocabulary")(family)
     return request.getfixturevalue("stand_in_vocabulary")

@@ -1,7 +1,7 @@
 """Stand-in vocabularies: the real Qwen3.5 vocabulary plus one family's real special tokens and end-of-turn tokens as
-added tokens, for the families no registry package ships a vocabulary for (GLM, Kimi, MiniMax, Nemotron-3, Devstral's
-newer tekken). The templates they serve with are the real ones; only the ids are not the model's. DeepSeek's and
-Llama-3's families get the real vocabulary a package ships (`family_tokenizer`, `REAL`)."""
+added tokens, for the families no registry package ships a vocabulary for (GLM, Kimi, MiniMax, Nemotron-3). The
+templates they serve with are the real ones; only the ids are not the model's. DeepSeek's, Llama-3's, Mistral's and
+gpt-oss's families get the real vocabulary a package ships (`family_tokenizer`, `REAL`)."""
 
 from __future__ import annotations
 
@@ -70,10 +70,16 @@ def _tekken_vocabulary_dir() -> Path:
     return tekken_vocab_dir()
 
 
+def _harmony_vocabulary_dir() -> Path:
+    from tests.support.harmony_vocab import harmony_vocab_dir  # o200k_harmony, from `openai-harmony`
+
+    return harmony_vocab_dir()
+
+
 # polar's parser name -> the folder of the family's real vocabulary (Llama-3's: built from Meta's `llama-models`;
-# Mistral's: mistral-common's tekken with two control tokens standing in).
+# Mistral's: mistral-common's tekken with two control tokens standing in; gpt-oss's: o200k_harmony).
 REAL = {**dict.fromkeys(DEEPSEEK, deepseek_vocabulary_dir), "llama3_json": _llama3_vocabulary_dir,
-        "mistral": _tekken_vocabulary_dir}
+        "mistral": _tekken_vocabulary_dir, "harmony": _harmony_vocabulary_dir}
 
 
 def family_tokenizer(tokenizer_dir: Path, family: str):
