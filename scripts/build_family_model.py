@@ -35,7 +35,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
-from build_tiny_model import save_bfloat16  # noqa: E402
+from build_tiny_model import save_bfloat16, swap_in  # noqa: E402
 
 STAMP = "polar-recipe.json"
 SEED = 20261206
@@ -282,7 +282,7 @@ def recipe_hash(family: Family, template: Path) -> str:
 
 
 def build(family: Family, force: bool) -> bool:
-    """Build into a sibling directory and swap it in, so a crash never leaves a half model. True if built."""
+    """Build the family's model unless its stamp says it is current. True if built."""
     template = cache() / "templates" / f"{family.template}.jinja"
     if not template.is_file():
         raise SystemExit(f"no real template at {template}: run scripts/setup_templates.sh")
@@ -292,10 +292,8 @@ def build(family: Family, force: bool) -> bool:
             return False
     except (OSError, ValueError):
         pass
-    work = out.with_name(out.name + f".building-{os.getpid()}")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    try:
+
+    def write(work: Path) -> dict:
         VOCABULARIES[family.name](work)
         (work / "chat_template.jinja").write_text(template.read_text())
         from transformers import AutoTokenizer
@@ -308,12 +306,9 @@ def build(family: Family, force: bool) -> bool:
         (work / "generation_config.json").write_text(json.dumps({"bos_token_id": tok.bos_token_id,
                                                                  "eos_token_id": [end]}, indent=2) + "\n")
         save_bfloat16(weights(config, table, end), work / "model.safetensors")
-        stamp = {"recipe": recipe, "chat_template": str(template), "scripted_tokens": len(table)}
-        (work / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
-        shutil.rmtree(out, ignore_errors=True)
-        work.rename(out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        return {"recipe": recipe, "chat_template": str(template), "scripted_tokens": len(table)}
+
+    swap_in(out, write)
     return True
 
 

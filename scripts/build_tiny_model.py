@@ -23,6 +23,7 @@ import shutil
 import sys
 import time
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never reach for a hub
@@ -302,27 +303,37 @@ def write_model(out: Path, specials: dict[str, int]) -> None:
 # ---------------------------------------------------------------- driver
 
 
-def build(out: Path, template: Path, tokenizer_only: bool, force: bool) -> bool:
-    """Build into a sibling directory and swap it in, so a crash never leaves a half model. True if built."""
-    ranks, pattern, specials = vocabulary()
-    recipe = recipe_hash(template, ranks)
-    if not force and is_current(out, recipe, tokenizer_only):
-        return False
+def swap_in(out: Path, write: Callable[[Path], dict]) -> None:
+    """`write(work)` fills a sibling directory and returns its stamp; the directory then replaces `out`, so a crash
+    never leaves a half model (scripts/build_family_model.py builds its models the same way)."""
     work = out.with_name(out.name + f".building-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
-        build_tokenizer_json(ranks, pattern, specials, work / "tokenizer.json")
-        write_tokenizer_files(work, template)
-        verify_tokenizer(work, specials)
-        if not tokenizer_only:
-            write_model(work, {token: i for i, token in specials})
-        stamp = {"recipe": recipe, "weights": not tokenizer_only, "chat_template": str(template)}
+        stamp = write(work)
         (work / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
         shutil.rmtree(out, ignore_errors=True)
         work.rename(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def build(out: Path, template: Path, tokenizer_only: bool, force: bool) -> bool:
+    """Build the model (or only its tokenizer) unless the stamp says it is current. True if built."""
+    ranks, pattern, specials = vocabulary()
+    recipe = recipe_hash(template, ranks)
+    if not force and is_current(out, recipe, tokenizer_only):
+        return False
+
+    def write(work: Path) -> dict:
+        build_tokenizer_json(ranks, pattern, specials, work / "tokenizer.json")
+        write_tokenizer_files(work, template)
+        verify_tokenizer(work, specials)
+        if not tokenizer_only:
+            write_model(work, {token: i for i, token in specials})
+        return {"recipe": recipe, "weights": not tokenizer_only, "chat_template": str(template)}
+
+    swap_in(out, write)
     return True
 
 
