@@ -149,7 +149,7 @@ def nine_char_id(call_id: str) -> str:
 
 def _nine_char_ids(msg: Message, notes: list[str], traits: TemplateTraits) -> Message:
     ids = [c.id for c in msg.tool_calls or []] + ([msg.tool_call_id] if msg.role == "tool" and msg.tool_call_id else [])
-    mapped = {i: nine_char_id(i) for i in ids if nine_char_id(i) != i}
+    mapped = {i: nine for i in ids if (nine := nine_char_id(i)) != i}
     if not mapped:
         return msg
     notes.append(f"tool-call ids {', '.join(f'{a} → {b}' for a, b in mapped.items())}: {traits.label} takes only "
@@ -162,6 +162,8 @@ def _nine_char_ids(msg: Message, notes: list[str], traits: TemplateTraits) -> Me
 
 def _join_refused_user(messages: list[Message], at: int, notes: list[str], traits: TemplateTraits) -> None:
     """The last message, a user one the template refuses after the one before it, joined to that one."""
+    if traits.user_after_tool and traits.consecutive_users:  # most templates: nothing to look at
+        return
     if len(messages) < 2 or messages[-1].role != "user" or any(map(holds_image, messages[-2:])):
         return
     before, text = messages[-2], messages[-1].text()

@@ -101,6 +101,7 @@ class ChatTemplate:
         # Why vLLM's chat endpoint cannot render what this template was asked to render (None: nothing yet);
         # polar renders it in jinja2's sandbox that lets the template change its own lists (sandbox.py).
         self.vllm_refusal: str | None = None
+        self._counts_calls = False  # it names tool results by counting the conversation's calls (`continuation`)
 
     @classmethod
     def from_dir(cls, path: str | Path, template_path: str | Path | None = None) -> ChatTemplate:
@@ -257,19 +258,24 @@ class ChatTemplate:
         # turn makes as many calls as tool results lead the new messages.
         calls = next((i for i, m in enumerate(new) if m.get("role") != "tool"), len(new))
         try:
-            probe = self._probe(enable_thinking, calls)
-            messages = [*_probe_messages(calls), *new]
-            rendered = self.render(messages, tools, True, enable_thinking)
-            text = self._after_probe(rendered, probe)
-            if _leaks_probe(text, new) and previous_calls:
-                # The template names a tool result after its call, counting the conversation's calls (Kimi-K2-
-                # Instruct, -Thinking: `functions.NAME:IDX`): the probe turn makes the sampled turn's own calls,
-                # after as many calls as the conversation made before it.
-                lead = _counted_probe(list(previous_calls), calls_before)
-                probe = self._measure_probe(enable_thinking, len(previous_calls), lead)
-                messages = [*lead, *new]
+            counted = self._counts_calls and calls > 0 and bool(previous_calls)
+            if not counted:
+                probe = self._probe(enable_thinking, calls)
+                messages = [*_probe_messages(calls), *new]
                 rendered = self.render(messages, tools, True, enable_thinking)
                 text = self._after_probe(rendered, probe)
+                counted = _leaks_probe(text, new) and bool(previous_calls)
+            if counted:
+                # The template names a tool result after its call, counting the conversation's calls (Kimi-K2-
+                # Instruct, -Thinking: `functions.NAME:IDX`): the probe turn makes the sampled turn's own calls,
+                # after as many calls as the conversation made before it. Remembered: its next tool results go
+                # straight here.
+                messages = _counted_probe(list(previous_calls), calls_before)
+                probe = self._measure_probe(enable_thinking, len(previous_calls), messages)
+                messages += new
+                rendered = self.render(messages, tools, True, enable_thinking)
+                text = self._after_probe(rendered, probe)
+                self._counts_calls = not _leaks_probe(text, new)
         except _NoContinuation as exc:
             return Continuation.failed(str(exc))
         except GatewayError as exc:
@@ -312,8 +318,7 @@ class ChatTemplate:
         (stopped by `<|return|>`) the ids before them take the template's history rule (harmony_turns.py)."""
         probe = _probe_messages(0)
         if calls:
-            probe[1]["tool_calls"] = [{"id": f"polarprb{i}", "type": "function", "function": {"name": n, "arguments": {}}}
-                                      for i, n in enumerate(calls, 1)]
+            probe[1]["tool_calls"] = [_probe_call(i, n) for i, n in enumerate(calls, 1)]
         try:
             rendered = self.render([*probe, *new], tools, True, enable_thinking)
         except GatewayError as exc:
@@ -452,9 +457,12 @@ def _probe_messages(calls: int = 0) -> list[dict[str, Any]]:
     if calls:
         # the calls are named by the sentinel too: a template that writes no content beside calls (Llama) still shows
         # where the probe's turn is; the turn's end is measured after the last one.
-        assistant["tool_calls"] = [{"id": f"polarprb{i}", "type": "function",
-                                    "function": {"name": PROBE_SENTINEL, "arguments": {}}} for i in range(1, calls + 1)]
+        assistant["tool_calls"] = [_probe_call(i, PROBE_SENTINEL) for i in range(1, calls + 1)]
     return [{"role": "user", "content": PROBE_USER}, assistant]
+
+
+def _probe_call(i: int, name: str) -> dict[str, Any]:
+    return {"id": f"polarprb{i}", "type": "function", "function": {"name": name, "arguments": {}}}
 
 
 def _leaks_probe(text: str, new: list[dict[str, Any]]) -> bool:
@@ -465,14 +473,12 @@ def _leaks_probe(text: str, new: list[dict[str, Any]]) -> bool:
 
 def _counted_probe(names: list[str], calls_before: int) -> list[dict[str, Any]]:
     """The probe, its turn calling `names`, after `calls_before` calls and their results."""
-    def call(i: int, name: str) -> dict[str, Any]:
-        return {"id": f"polarprb{i}", "type": "function", "function": {"name": name, "arguments": {}}}
-    earlier = [call(i, "polar_probe_earlier") for i in range(calls_before)]
+    earlier = [_probe_call(i, "polar_probe_earlier") for i in range(calls_before)]
     lead = [{"role": "user", "content": "polar probe: earlier calls"}, {"role": "assistant", "content": "",
                                                                          "tool_calls": earlier},
             *({"role": "tool", "tool_call_id": c["id"], "content": "polar probe"} for c in earlier)] if earlier else []
     user, turn = _probe_messages(0)
-    return [*lead, user, {**turn, "tool_calls": [call(calls_before + i, n) for i, n in enumerate(names)]}]
+    return [*lead, user, {**turn, "tool_calls": [_probe_call(calls_before + i, n) for i, n in enumerate(names)]}]
 
 
 def generation_eos_ids(path: Path) -> list[int]:
