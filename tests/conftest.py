@@ -198,6 +198,33 @@ class Stack:
 STACK_OPTIONS = {"polar_upstream_timeout": 60, "polar_stream_keepalive": 1}
 
 
+def subprocess_stack(vocab: Path, template: Path, label: str, db: Path, token_faithful: bool = True):
+    """A double of its own on this vocabulary and real template, and a gateway process in front of it (the suite's
+    in-process one owns this process): a context manager giving the Stack, both stopped at its end."""
+    from contextlib import contextmanager
+
+    from polar.doubles.scripted_vllm import BackgroundServer, ScriptedVLLM
+    from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
+
+    @contextmanager
+    def running():
+        double = ScriptedVLLM(vocab, "polar-tiny", max_model_len=32768, chat_template=template)
+        server = BackgroundServer(double.app)
+        upstream = server.start()
+        proxy = SubprocessProxy(ProxyConfig(upstream=upstream, db=str(db), port=free_port(),
+                                            tokenizer=str(vocab) if token_faithful else "",
+                                            extra={**STACK_OPTIONS, "polar_chat_template": str(template)}))
+        proxy.start()
+        try:
+            yield Stack(proxy.url, upstream, db, double, proxy, "token-faithful" if token_faithful else "chat-template",
+                        label)
+        finally:
+            proxy.stop()
+            server.stop()
+
+    return running()
+
+
 @pytest.fixture(scope="session")
 def double_server(tokenizer_dir):
     """The scripted vLLM double, shared by every proxy the tests start."""

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from polar.tokens.harmony_turns import HISTORY_RULE, apply_history_rule
-from tests.conftest import STACK_OPTIONS, Stack, family_template
+from tests.conftest import family_template, subprocess_stack
 from tests.e2e.sessions import TURNS, drive_responses
 from tests.e2e.test_token_faithful_families import family_steps
 from tests.support.harmony_vocab import harmony_vocab_dir
@@ -26,23 +26,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 @pytest.fixture(scope="module")
 def gpt_oss(tmp_path_factory):
-    from polar.doubles.scripted_vllm import BackgroundServer, ScriptedVLLM
-    from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
-
     template = family_template("gpt-oss")
     vocab = tmp_path_factory.mktemp("o200k_harmony") / "tokenizer"
     shutil.copytree(harmony_vocab_dir(), vocab)  # with the model's own template, as a model directory holds it
     (vocab / "chat_template.jinja").write_text(template.read_text())
-    double = ScriptedVLLM(vocab, "polar-tiny", max_model_len=32768, chat_template=template)
-    server = BackgroundServer(double.app)
-    upstream = server.start()
-    db = vocab.parent / "capture.db"
-    proxy = SubprocessProxy(ProxyConfig(upstream=upstream, db=str(db), port=free_port(), tokenizer=str(vocab),
-                                        extra={**STACK_OPTIONS, "polar_chat_template": str(template)}))
-    proxy.start()
-    yield Stack(proxy.url, upstream, db, double, proxy, "token-faithful", "gpt-oss")
-    proxy.stop()
-    server.stop()
+    with subprocess_stack(vocab, template, "gpt-oss", vocab.parent / "capture.db") as stack:
+        yield stack
 
 
 def test_session_on_o200k_harmony(gpt_oss):

@@ -12,7 +12,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.conftest import STACK_OPTIONS, Stack, family_template
+from tests.conftest import family_template, subprocess_stack
 from tests.e2e.sessions import TOOLS
 from tests.support.stand_in import family_dir
 
@@ -22,22 +22,11 @@ CALL = [{"content": "", "tool_calls": [{"name": "read_file", "arguments": {"path
 
 @pytest.fixture(scope="module")
 def kimi_chat(tokenizer_dir, tmp_path_factory):
-    from polar.doubles.scripted_vllm import BackgroundServer, ScriptedVLLM
-    from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
-
     root = tmp_path_factory.mktemp("kimi-chat")
     vocab = family_dir(tokenizer_dir, root / "vocab", "kimi_k2")
     template = family_template("kimi-k2-instruct")
-    double = ScriptedVLLM(vocab, "polar-tiny", max_model_len=32768, chat_template=template)
-    server = BackgroundServer(double.app)
-    upstream = server.start()
-    db = root / "captures.db"
-    proxy = SubprocessProxy(ProxyConfig(upstream=upstream, db=str(db), port=free_port(),
-                                        extra={**STACK_OPTIONS, "polar_chat_template": str(template)}))
-    proxy.start()
-    yield Stack(proxy.url, upstream, db, double, proxy, "chat-template", "kimi-k2-instruct")
-    proxy.stop()
-    server.stop()
+    with subprocess_stack(vocab, template, "kimi-k2-instruct", root / "captures.db", token_faithful=False) as stack:
+        yield stack
 
 
 def test_openai_chat_gets_a_400_once_a_tool_call_is_in_the_conversation(kimi_chat):

@@ -26,7 +26,7 @@ import pytest
 
 from polar.doubles.family_writers import WRITERS
 from polar.tokens.harmony_turns import HISTORY_RULE, apply_history_rule
-from tests.conftest import STACK_OPTIONS, Stack, family_template
+from tests.conftest import Stack, family_template, subprocess_stack
 from tests.e2e.sessions import (
     DEVELOPER_FIRST,
     DEVELOPER_LATER,
@@ -80,23 +80,12 @@ def parser_of(writer: str) -> str:
 def family(request, tokenizer_dir, tmp_path_factory):
     """A double on one family's vocabulary and real template, and a token-faithful gateway (a subprocess: the suite's
     in-process one owns this process) in front of it; tests run grouped by family, one double and gateway each."""
-    from polar.doubles.scripted_vllm import BackgroundServer, ScriptedVLLM
-    from polar.mitm.proxy import ProxyConfig, SubprocessProxy, free_port
-
     root = tmp_path_factory.mktemp(request.param)
     vocab = family_dir(tokenizer_dir, root / "vocab", parser_of(FAMILIES[request.param]))
     template = family_template(request.param)
     (vocab / "chat_template.jinja").write_text(template.read_text())  # as the model's own folder carries it
-    double = ScriptedVLLM(vocab, "polar-tiny", max_model_len=32768, chat_template=template)
-    server = BackgroundServer(double.app)
-    upstream = server.start()
-    db = root / f"{request.param}.db"
-    proxy = SubprocessProxy(ProxyConfig(upstream=upstream, db=str(db), port=free_port(), tokenizer=str(vocab),
-                                        extra={**STACK_OPTIONS, "polar_chat_template": str(template)}))
-    proxy.start()
-    yield Stack(proxy.url, upstream, db, double, proxy, "token-faithful", request.param)
-    proxy.stop()
-    server.stop()
+    with subprocess_stack(vocab, template, request.param, root / f"{request.param}.db") as stack:
+        yield stack
 
 
 def family_steps(label: str, thinking: bool) -> list[dict]:
